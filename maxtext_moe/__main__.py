@@ -1,0 +1,5 @@
+import sys
+
+from maxtext_moe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""The `maxtext-moe` command line.
+
+  maxtext-moe train [RECIPE] [key=value ...]    run MaxText's trainer on a recipe (default: tiny CPU model)
+  maxtext-moe config RECIPE [key=value ...]     print the resolved config and what our layers changed
+  maxtext-moe recipes                           list the shipped recipes
+
+Bad input (unknown key or recipe, wrong type, impossible layout) prints one line and exits with 2.
+"""
+
+import argparse
+import sys
+
+from maxtext_moe.errors import UserError
+
+_EPILOG = """Overrides use MaxText's key=value grammar, e.g.: maxtext-moe train cpu/deepseek3-tiny steps=20
+run_name=demo. A key that the model file also sets needs override_model_config=true."""
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+  """First argument without '=' is the recipe; the rest are key=value overrides."""
+  if args and "=" not in args[0]:
+    return args[0], args[1:]
+  return None, args
+
+
+def _cmd_train(ns: argparse.Namespace) -> int:
+  from maxtext_moe.launch.train import train
+
+  recipe, overrides = _split(ns.args)
+  train(recipe, overrides, verbose=ns.verbose)
+  return 0
+
+
+def _cmd_config(ns: argparse.Namespace) -> int:
+  from maxtext_moe.launch.show import show_config, show_keys
+
+  if ns.keys:
+    print(show_keys())
+    return 0
+  recipe, overrides = _split(ns.args)
+  if recipe is None:
+    raise UserError("config needs a RECIPE (see 'maxtext-moe recipes')")
+  print(show_config(recipe, overrides, show_all=ns.all))
+  return 0
+
+
+def _cmd_recipes(ns: argparse.Namespace) -> int:
+  from maxtext_moe.config.recipes import DEFAULT_RECIPE, list_recipes
+
+  del ns
+  for name in list_recipes():
+    print(f"{name}{'  (default)' if name == DEFAULT_RECIPE else ''}")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="maxtext-moe", description="Dropless DeepSeek-V3-class MoE training on MaxText.", epilog=_EPILOG
+  )
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+  p = sub.add_parser(
+      "train", help="train a recipe (default: the tiny DeepSeek-V3-shaped model on CPU)", epilog=_EPILOG,
+      description="Run MaxText's trainer on RECIPE (default cpu/deepseek3-tiny) with key=value overrides. "
+      "Writes Orbax checkpoints, metrics.jsonl and loss.png under base_output_directory/run_name; "
+      "rerunning with the same run_name resumes from the last checkpoint.",
+  )
+  p.add_argument("args", nargs="*", metavar="[RECIPE] [key=value]")
+  p.add_argument("-v", "--verbose", action="store_true", help="show MaxText's own INFO logging")
+  p.set_defaults(func=_cmd_train)
+
+  p = sub.add_parser(
+      "config", help="print a recipe's resolved config", epilog=_EPILOG,
+      description="Resolve RECIPE plus overrides without training: print the plugin's keys and every key "
+      "whose value differs from MaxText's own base.yml.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--all", action="store_true", help="print every key, not only the ones that differ")
+  p.add_argument("--keys", action="store_true", help="list the plugin's own keys with their descriptions")
+  p.set_defaults(func=_cmd_config)
+
+  p = sub.add_parser("recipes", help="list the shipped recipes", description="List configs/recipes/<hw>/<model>.")
+  p.set_defaults(func=_cmd_recipes)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  ns = build_parser().parse_args(argv)
+  try:
+    return ns.func(ns)
+  except UserError as e:
+    print(f"maxtext-moe: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("maxtext-moe: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

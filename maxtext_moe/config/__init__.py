@@ -1,0 +1,1 @@
+"""Plugin configuration: our keys, cross-field checks and recipe resolution."""

@@ -1,0 +1,97 @@
+"""Cross-field checks on a resolved config, one concern each.
+
+Each check takes the resolved config (any object with MaxText's attribute names) and raises
+`ValueError` with a one-line message that says what is wrong and how to fix it. They run inside
+the plugin's pydantic config class (see `maxtext_adapter`), after MaxText's own validation.
+"""
+
+import math
+from typing import Any
+
+_ICI = "ici_"
+_DCN = "dcn_"
+_SUFFIX = "_parallelism"
+
+
+def parallelism_axes(cfg: Any, *, prefix: str) -> dict[str, int]:
+  """Returns {axis: degree} for every `<prefix><axis>_parallelism` field of `cfg`.
+
+  Example: for MaxText's defaults, `parallelism_axes(cfg, prefix="ici_")["fsdp"] == -1`.
+  """
+  fields = type(cfg).model_fields if hasattr(type(cfg), "model_fields") else vars(cfg)
+  axes = {}
+  for name in fields:
+    axis = name[len(prefix) : -len(_SUFFIX)]
+    value = getattr(cfg, name)
+    # `ici_parallelism` (no axis) is MaxText's derived list of all degrees, not an axis.
+    if name.startswith(prefix) and name.endswith(_SUFFIX) and axis and isinstance(value, int):
+      axes[axis] = value
+  return axes
+
+
+def check_one_auto_axis(cfg: Any) -> None:
+  """At most one ICI and one DCN axis may be -1 (filled with the remaining devices)."""
+  for prefix in (_ICI, _DCN):
+    auto = [a for a, d in parallelism_axes(cfg, prefix=prefix).items() if d == -1]
+    if len(auto) > 1:
+      names = ", ".join(f"{prefix}{a}{_SUFFIX}" for a in auto)
+      raise ValueError(f"impossible layout: {names} are all -1; at most one {prefix}*{_SUFFIX} may be -1 (auto)")
+    bad = [a for a, d in parallelism_axes(cfg, prefix=prefix).items() if d == 0 or d < -1]
+    if bad:
+      raise ValueError(f"impossible layout: {prefix}{bad[0]}{_SUFFIX} must be >= 1 or -1 (auto)")
+
+
+def fixed_layout_size(cfg: Any) -> tuple[int, bool]:
+  """Returns (product of all fixed ICI x DCN degrees, whether some axis is -1 auto)."""
+  degrees = list(parallelism_axes(cfg, prefix=_ICI).values()) + list(parallelism_axes(cfg, prefix=_DCN).values())
+  return math.prod(d for d in degrees if d > 0), any(d == -1 for d in degrees)
+
+
+def check_layout_fits_devices(cfg: Any, *, num_devices: int | None = None) -> None:
+  """The parallelism product must equal the device count (or divide it when an axis is -1).
+
+  `num_devices` defaults to `cfg.recipe_num_devices`; nothing is checked when that is -1.
+  """
+  n = cfg.recipe_num_devices if num_devices is None else num_devices
+  if n is None or n <= 0:
+    return
+  size, has_auto = fixed_layout_size(cfg)
+  if has_auto and n % size == 0:
+    return
+  if not has_auto and n == size:
+    return
+  rel = "divide" if has_auto else "equal"
+  raise ValueError(
+      f"impossible layout: the ici_*/dcn_* parallelism product is {size} but must {rel} the {n} devices; "
+      f"change the parallelism degrees or run on {size} devices"
+  )
+
+
+def check_experts_divisible_by_ep(cfg: Any) -> None:
+  """Experts are split evenly over the expert-parallel ranks."""
+  ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
+  if cfg.num_experts > 1 and cfg.num_experts % ep:
+    raise ValueError(
+        f"impossible layout: num_experts={cfg.num_experts} is not divisible by expert parallelism {ep} "
+        f"(ici_expert_parallelism x dcn_expert_parallelism); pick an EP degree that divides {cfg.num_experts}"
+    )
+
+
+def check_topk_routing(cfg: Any) -> None:
+  """top-k and group-limited routing must be satisfiable."""
+  if cfg.num_experts > 1 and cfg.num_experts_per_tok > cfg.num_experts:
+    raise ValueError(f"num_experts_per_tok={cfg.num_experts_per_tok} exceeds num_experts={cfg.num_experts}")
+  groups, topk_groups = cfg.n_routing_groups, cfg.topk_routing_group
+  if groups > 0:
+    if cfg.num_experts % groups:
+      raise ValueError(f"n_routing_groups={groups} must divide num_experts={cfg.num_experts}")
+    if not 0 < topk_groups <= groups:
+      raise ValueError(f"topk_routing_group={topk_groups} must be in 1..n_routing_groups={groups}")
+    if topk_groups * (cfg.num_experts // groups) < cfg.num_experts_per_tok:
+      raise ValueError(
+          f"group-limited routing keeps {topk_groups} groups of {cfg.num_experts // groups} experts, "
+          f"fewer than num_experts_per_tok={cfg.num_experts_per_tok}"
+      )
+
+
+ALL_CHECKS = (check_one_auto_axis, check_layout_fits_devices, check_experts_divisible_by_ep, check_topk_routing)

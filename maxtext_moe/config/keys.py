@@ -1,0 +1,50 @@
+"""The plugin's own config keys.
+
+These are plain pydantic fields with no MaxText import, so they can be listed, documented and
+snapshot-tested on a bare install. `maxtext_moe.maxtext_adapter` mixes them into MaxText's
+`MaxTextConfig`, which forbids unknown keys, so a misspelled plugin key is an error like any other.
+"""
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class Hardware(StrEnum):
+  """The hardware a recipe is laid out for."""
+
+  CPU = "cpu"
+  H100 = "h100"
+  H200 = "h200"
+  B200 = "b200"
+  GB200 = "gb200"
+  GB300 = "gb300"
+
+
+class Progress(StrEnum):
+  """How the launcher shows per-step progress."""
+
+  AUTO = "auto"  # rich on a terminal, plain lines otherwise
+  RICH = "rich"
+  PLAIN = "plain"
+  NONE = "none"
+
+
+class PluginKeys(BaseModel):
+  """Keys that maxtext-moe adds to MaxText's config. Every one is settable from YAML or key=value."""
+
+  recipe_hardware: Hardware = Field(Hardware.CPU, description="Hardware the recipe is laid out for.")
+  recipe_num_devices: int = Field(
+      -1,
+      description="Total devices the recipe's parallelism layout expects; -1 means whatever is visible. "
+      "The launcher refuses to start when the visible device count differs.",
+  )
+  progress: Progress = Field(Progress.AUTO, description="Per-step progress display of the launcher.")
+  metrics_jsonl: str = Field(
+      "metrics.jsonl", description="Per-step metrics file, relative to the run directory (one JSON object per step)."
+  )
+  loss_plot: str = Field("loss.png", description="Loss-curve PNG written at the end, relative to the run directory; "
+                         "empty to skip.")
+
+
+PLUGIN_KEY_NAMES: tuple[str, ...] = tuple(PluginKeys.model_fields)

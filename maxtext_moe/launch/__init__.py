@@ -1,0 +1,1 @@
+"""Launching MaxText's trainer with the plugin: config preparation, progress, run outputs."""

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Sets up .venv with pinned dependencies and installs maxtext-moe in editable mode.
+#   ./setup.sh          runtime (CPU jax, maxtext, the plugin)
+#   ./setup.sh --dev    plus test and lint tools
+#   ./setup.sh --gpu    plus CUDA jax and Transformer Engine (needs CUDA 12; not run in CI)
+# Idempotent: a second run with the same requirements and flags installs nothing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+dev=0
+gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --gpu) gpu=1 ;;
+    -h | --help)
+      sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "setup.sh: unknown option '$arg' (use --dev, --gpu or --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+is_py312() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; }
+
+find_python() {
+  local c
+  for c in "${PYTHON:-}" python3.13 python3.12; do
+    [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 && is_py312 "$c" && { command -v "$c"; return 0; }
+  done
+  local root="${PYENV_ROOT:-$HOME/.pyenv}"
+  command -v pyenv >/dev/null 2>&1 && root="$(pyenv root)"
+  for c in $(ls -d "$root"/versions/3.1[2-9]* 2>/dev/null | sort -rV); do
+    is_py312 "$c/bin/python" && { echo "$c/bin/python"; return 0; }
+  done
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  py="$(find_python)" || {
+    echo "setup.sh: no Python >= 3.12 found (tried \$PYTHON, python3.13, python3.12, pyenv); install one (e.g. 'pyenv install 3.12') or set PYTHON=/path/to/python3.12" >&2
+    exit 1
+  }
+  echo "setup.sh: creating .venv with $py ($("$py" --version))"
+  "$py" -m venv .venv
+fi
+
+reqs=(requirements.txt)
+[ "$dev" = 1 ] && reqs+=(requirements-dev.txt)
+[ "$gpu" = 1 ] && reqs+=(requirements-gpu.txt)
+stamp=".venv/.maxtext-moe-installed-$(cat "${reqs[@]}" constraints.txt pyproject.toml | sha256sum | cut -c1-16)-d${dev}g${gpu}"
+if [ -f "$stamp" ]; then
+  echo "setup.sh: .venv is up to date"
+  exit 0
+fi
+
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" install --upgrade "pip==26.3"
+args=()
+for r in "${reqs[@]}"; do args+=(-r "$r"); done
+# The GPU set brings its own CUDA wheels that the CPU constraints do not list.
+if [ "$gpu" = 1 ]; then "${pip[@]}" install "${args[@]}"; else "${pip[@]}" install -c constraints.txt "${args[@]}"; fi
+"${pip[@]}" install --no-deps -e .
+rm -f .venv/.maxtext-moe-installed-*
+touch "$stamp"
+echo "setup.sh: done; run .venv/bin/maxtext-moe --help"
