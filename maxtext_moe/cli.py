@@ -8,6 +8,7 @@ Bad input (unknown key or recipe, wrong type, impossible layout) prints one line
 """
 
 import argparse
+import os
 import sys
 
 from maxtext_moe.errors import UserError
@@ -84,8 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _quiet_env() -> None:
+  """Less start-up noise from XLA's C++ logging and transformers (set before jax is imported)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
 def main(argv: list[str] | None = None) -> int:
   ns = build_parser().parse_args(argv)
+  _quiet_env()
   try:
     return ns.func(ns)
   except UserError as e:

@@ -41,30 +41,37 @@ def check_one_auto_axis(cfg: Any) -> None:
       raise ValueError(f"impossible layout: {prefix}{bad[0]}{_SUFFIX} must be >= 1 or -1 (auto)")
 
 
-def fixed_layout_size(cfg: Any) -> tuple[int, bool]:
-  """Returns (product of all fixed ICI x DCN degrees, whether some axis is -1 auto)."""
-  degrees = list(parallelism_axes(cfg, prefix=_ICI).values()) + list(parallelism_axes(cfg, prefix=_DCN).values())
+def fixed_layout_size(cfg: Any, *, prefix: str | None = None) -> tuple[int, bool]:
+  """Returns (product of the fixed degrees, whether some axis is -1 auto), over ICI, DCN or both."""
+  prefixes = (prefix,) if prefix else (_ICI, _DCN)
+  degrees = [d for p in prefixes for d in parallelism_axes(cfg, prefix=p).values()]
   return math.prod(d for d in degrees if d > 0), any(d == -1 for d in degrees)
 
 
+def _fits(cfg: Any, *, prefix: str, n: int, where: str) -> None:
+  size, has_auto = fixed_layout_size(cfg, prefix=prefix)
+  if (has_auto and n % size == 0) or (not has_auto and n == size):
+    return
+  rel = "divide" if has_auto else "equal"
+  raise ValueError(
+      f"impossible layout: the {prefix}*{_SUFFIX} product is {size} but must {rel} the {n} {where}; "
+      f"change the parallelism degrees (or set one {prefix}*{_SUFFIX} to -1)"
+  )
+
+
 def check_layout_fits_devices(cfg: Any, *, num_devices: int | None = None) -> None:
-  """The parallelism product must equal the device count (or divide it when an axis is -1).
+  """ICI degrees must fill the devices of one slice and DCN degrees the slices (MaxText's mesh rule).
 
   `num_devices` defaults to `cfg.recipe_num_devices`; nothing is checked when that is -1.
   """
   n = cfg.recipe_num_devices if num_devices is None else num_devices
   if n is None or n <= 0:
     return
-  size, has_auto = fixed_layout_size(cfg)
-  if has_auto and n % size == 0:
-    return
-  if not has_auto and n == size:
-    return
-  rel = "divide" if has_auto else "equal"
-  raise ValueError(
-      f"impossible layout: the ici_*/dcn_* parallelism product is {size} but must {rel} the {n} devices; "
-      f"change the parallelism degrees or run on {size} devices"
-  )
+  slices = max(int(getattr(cfg, "num_slices", 1)), 1)
+  if n % slices:
+    raise ValueError(f"impossible layout: {n} devices cannot be split into num_slices={slices} equal slices")
+  _fits(cfg, prefix=_DCN, n=slices, where="slices (num_slices)")
+  _fits(cfg, prefix=_ICI, n=n // slices, where="devices per slice")
 
 
 def check_experts_divisible_by_ep(cfg: Any) -> None:

@@ -1,0 +1,89 @@
+"""Every shipped YAML parses and resolves; recipes are consistent with their model files."""
+
+import pytest
+import yaml
+
+from conftest import CONFIGS
+from maxtext_moe.config import recipes
+
+ALL_RECIPES = recipes.list_recipes()
+MODEL_FILES = sorted((CONFIGS / "models").glob("*.yml"))
+
+
+def test_shipped_recipes_cover_the_hardware():
+  hardware = {r.split("/")[0] for r in ALL_RECIPES}
+  assert {"cpu", "h100x8", "h200x8", "b200x8", "gb200-nvl72", "gb300x1024"} <= hardware
+  assert recipes.DEFAULT_RECIPE in ALL_RECIPES
+
+
+@pytest.mark.parametrize("name", ALL_RECIPES)
+def test_recipe_resolves_and_validates(name, adapter):
+  """Config resolution only: nothing is allocated, so the 671B recipes are checked on CPU too."""
+  cfg = adapter.resolve(recipes.recipe_path(name), [])
+  model = name.split("/")[1]
+  assert cfg.model_name == model
+  assert str(cfg.recipe_hardware) in name.split("/")[0]
+  if cfg.recipe_num_devices > 0:
+    from maxtext_moe.config.checks import fixed_layout_size
+
+    size, has_auto = fixed_layout_size(cfg)
+    assert (size, has_auto) == (cfg.recipe_num_devices, False), "GPU recipes spell out their whole layout"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yml")), ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_yaml_parses_and_uses_known_keys(path, adapter):
+  data = yaml.safe_load(path.read_text())
+  assert isinstance(data, dict) and data
+  unknown = set(data) - set(adapter.MoEMaxTextConfig.model_fields)
+  assert unknown == set()
+
+
+@pytest.mark.parametrize("name", ALL_RECIPES)
+def test_recipe_sets_no_key_its_model_file_also_sets(name):
+  """MaxText merges models/<model_name>.yml over the base chain, so such a recipe key would be silently lost."""
+  recipe = yaml.safe_load((CONFIGS / "recipes" / f"{name}.yml").read_text())
+  model = yaml.safe_load((CONFIGS / "models" / f"{recipe['model_name']}.yml").read_text())
+  assert set(recipe) & set(model) == set()
+
+
+def test_every_model_file_is_used_by_a_recipe():
+  used = {r.split("/")[1] for r in ALL_RECIPES}
+  assert {p.stem for p in MODEL_FILES} <= used
+
+
+def test_deepseek_v3_671b_hyperparameters(adapter):
+  cfg = adapter.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), [])
+  assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_experts) == (256, 8, 1)
+  assert (cfg.n_routing_groups, cfg.topk_routing_group) == (8, 4)
+  assert cfg.routed_score_func == "sigmoid" and cfg.routed_bias
+  assert cfg.routed_scaling_factor == 2.5 and cfg.routed_bias_update_rate > 0
+  assert cfg.attention_type == "mla" and (cfg.q_lora_rank, cfg.kv_lora_rank) == (1536, 512)
+  assert (cfg.emb_dim, cfg.num_decoder_layers, cfg.first_num_dense_layers) == (7168, 61, 3)
+  assert (cfg.moe_mlp_dim, cfg.vocab_size, cfg.mtp_num_layers) == (2048, 129280, 1)
+
+
+def test_our_model_file_shadows_maxtexts(adapter):
+  """MaxText's own deepseek3-tiny has 61 layers and a 129k vocab; ours must win."""
+  cfg = adapter.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
+  assert (cfg.num_decoder_layers, cfg.vocab_size) == (4, 32000)
+
+
+def test_proxy_is_about_16b_parameters(adapter):
+  cfg = adapter.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+  d, f, moe_layers = cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_decoder_layers - cfg.first_num_dense_layers
+  experts = moe_layers * (cfg.num_experts + cfg.shared_experts) * 3 * d * f
+  embeddings = 2 * cfg.vocab_size * d
+  assert 14e9 < experts + embeddings < 17e9
+
+
+def test_overrides_win_over_the_recipe(adapter):
+  cfg = adapter.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["steps=7", "learning_rate=1e-4"])
+  assert (cfg.steps, cfg.learning_rate) == (7, 1e-4)
+
+
+def test_config_command_reports_changes_vs_maxtext():
+  from maxtext_moe.launch.show import show_config
+
+  text = show_config("cpu/deepseek3-tiny", [])
+  assert "plugin keys:" in text and "recipe_hardware: 'cpu'" in text
+  assert "num_experts: 16  (1)" in text  # ours, then MaxText's default

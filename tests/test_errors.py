@@ -1,0 +1,87 @@
+"""Bad input gets one line that says what is wrong and how to fix it."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import REPO, run_cli
+from maxtext_moe.config import checks, recipes
+from maxtext_moe.errors import UserError
+from maxtext_moe.launch.train import check_visible_devices
+
+TINY = recipes.recipe_path("cpu/deepseek3-tiny")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["learning_rat=1"], "unknown config key 'learning_rat'; did you mean 'learning_rate'?"),
+        (["progress=fancy"], "bad value for 'progress'"),
+        (["steps=many"], "bad value for 'steps'"),
+        (["ici_expert_parallelism=3"], "num_experts=16 is not divisible by expert parallelism 3"),
+        (["ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
+        (["num_experts_per_tok=9", "override_model_config=true"], "group-limited routing keeps 2 groups of 4"),
+    ],
+)
+def test_bad_overrides_raise_one_line(overrides, expected, adapter):
+  with pytest.raises(UserError) as e:
+    adapter.resolve(TINY, overrides)
+  assert expected in str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_misspelled_recipe_suggests_the_closest():
+  with pytest.raises(UserError, match="did you mean 'cpu/deepseek3-tiny'"):
+    recipes.recipe_path("cpu/deepseek3-tini")
+
+
+def test_device_count_must_match_the_recipe(adapter):
+  cfg = adapter.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+  with pytest.raises(UserError, match="recipe lays out 8 devices but 1 are visible"):
+    check_visible_devices(cfg, visible=1)
+  check_visible_devices(cfg, visible=8)
+
+
+def test_fixed_layout_must_equal_the_device_count(adapter):
+  cfg = adapter.resolve(TINY, ["ici_fsdp_parallelism=4"])
+  with pytest.raises(UserError, match="ici_\\*_parallelism product is 4 but must equal the 8 devices per slice"):
+    check_visible_devices(cfg, visible=8)
+  check_visible_devices(cfg, visible=4)
+
+
+def _layout(num_slices=1, **degrees):
+  base = {f"ici_{a}_parallelism": 1 for a in ("data", "fsdp", "expert", "tensor")}
+  base |= {f"dcn_{a}_parallelism": 1 for a in ("data", "fsdp", "expert")}
+  base |= degrees
+  return SimpleNamespace(recipe_num_devices=-1, num_slices=num_slices, **base)
+
+
+def test_layout_product_counts_ici_and_dcn():
+  cfg = _layout(num_slices=2, ici_expert_parallelism=8, ici_fsdp_parallelism=9, dcn_fsdp_parallelism=2)
+  assert checks.fixed_layout_size(cfg) == (144, False)
+  checks.check_layout_fits_devices(cfg, num_devices=144)
+  with pytest.raises(ValueError, match="ici_\\*_parallelism product is 72 but must equal the 36 devices per slice"):
+    checks.check_layout_fits_devices(cfg, num_devices=72)
+  with pytest.raises(ValueError, match="dcn_\\*_parallelism product is 2 but must equal the 1 slices"):
+    checks.check_layout_fits_devices(_layout(dcn_fsdp_parallelism=2), num_devices=144)
+
+
+def test_auto_axis_must_divide():
+  cfg = _layout(ici_expert_parallelism=8, ici_fsdp_parallelism=-1)
+  checks.check_layout_fits_devices(cfg, num_devices=64)
+  with pytest.raises(ValueError, match="must divide the 12 devices per slice"):
+    checks.check_layout_fits_devices(cfg, num_devices=12)
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+  r = run_cli(["train", "cpu/deepseek3-tiny", "learning_rat=1"], cwd=tmp_path)
+  assert r.returncode == 2
+  errors = [line for line in r.stderr.splitlines() if line.startswith("maxtext-moe: error:")]
+  assert errors == ["maxtext-moe: error: unknown config key 'learning_rat'; did you mean 'learning_rate'?"]
+  assert "Traceback" not in r.stderr
+  assert not (tmp_path / "runs").exists(), "nothing is written for a rejected config"
+
+
+def test_cli_bad_recipe_exits_2(tmp_path):
+  r = run_cli(["config", "h100x8/deepseek3-proxy"], cwd=REPO)
+  assert r.returncode == 2 and "unknown recipe 'h100x8/deepseek3-proxy'" in r.stderr

@@ -1,0 +1,26 @@
+"""A new plugin key must be added here on purpose (STYLE.md: a new knob is always deliberate)."""
+
+from maxtext_moe.config.keys import PLUGIN_KEY_NAMES, PluginKeys
+
+SNAPSHOT = (
+    "recipe_hardware",
+    "recipe_num_devices",
+    "progress",
+    "metrics_jsonl",
+    "loss_plot",
+)
+
+
+def test_plugin_keys_snapshot():
+  assert PLUGIN_KEY_NAMES == SNAPSHOT
+
+
+def test_every_plugin_key_is_documented():
+  undocumented = [n for n, f in PluginKeys.model_fields.items() if not (f.description or "").strip()]
+  assert undocumented == []
+
+
+def test_plugin_keys_do_not_shadow_maxtext_keys(adapter):
+  from maxtext.configs.types import MaxTextConfig  # the test may look at MaxText directly
+
+  assert set(PLUGIN_KEY_NAMES).isdisjoint(MaxTextConfig.model_fields)
