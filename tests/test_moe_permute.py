@@ -43,18 +43,26 @@ def test_expected_distinct_ranks_worked_example_and_enumeration():
   assert permute.expected_distinct_ranks(num_experts=e, top_k=k, num_ranks=p) == pytest.approx(exact)
 
 
-def test_tile_layout_worked_example():
-  dest, tile_expert, n = permute.tile_layout(jnp.array([3, 0, 2]), num_rows=5, tile_rows=2)
-  assert n == 6
-  assert dest.tolist() == [0, 1, 2, 4, 5]
-  assert tile_expert.tolist() == [0, 0, 2, 2, 2, 2]
+def test_tile_plan_worked_example():
+  big, small = permute.tile_plan(jnp.array([5, 0, 2]), num_rows=7, tile_sizes=(4, 2))
+  assert (big.tile_rows, int(big.count)) == (4, 1)
+  assert (big.expert_N[:1].tolist(), big.start_N[:1].tolist(), big.valid_N[:1].tolist()) == ([0], [0], [4])
+  assert (small.tile_rows, int(small.count)) == (2, 2)
+  assert small.expert_N[:2].tolist() == [0, 2]
+  assert small.start_N[:2].tolist() == [4, 5]
+  assert small.valid_N[:2].tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("sizes", [[0, 0, 9], [9, 0, 0], [1, 1, 1], [4, 4, 1]])
-def test_tile_layout_slots_are_unique_and_in_their_experts_tiles(sizes):
-  sizes = jnp.array(sizes)
-  dest, tile_expert, n = permute.tile_layout(sizes, num_rows=int(sizes.sum()), tile_rows=4)
-  assert len(set(dest.tolist())) == int(sizes.sum())
-  assert max(dest.tolist()) < n * 4
-  expert_of_row = np.repeat(np.arange(3), np.asarray(sizes))
-  assert np.asarray(tile_expert)[np.asarray(dest) // 4].tolist() == expert_of_row.tolist()
+@pytest.mark.parametrize("sizes", [[0, 0, 9], [9, 0, 0], [1, 1, 1], [4, 4, 1], [0, 0, 0], [33, 2, 70]])
+def test_tile_plan_covers_every_row_once(sizes):
+  sizes_E = jnp.array(sizes)
+  total = int(sizes_E.sum())
+  hits = np.zeros(total + 64, int)
+  expert_of_row = np.repeat(np.arange(3), sizes)
+  for plan in permute.tile_plan(sizes_E, num_rows=max(total, 1), tile_sizes=(16, 4)):
+    for i in range(int(plan.count)):
+      s, v, e = int(plan.start_N[i]), int(plan.valid_N[i]), int(plan.expert_N[i])
+      assert v >= 1
+      hits[s : s + v] += 1
+      assert (expert_of_row[s : s + v] == e).all()
+  assert hits[:total].tolist() == [1] * total and hits[total:].sum() == 0

@@ -4,6 +4,8 @@ Pure functions over integer arrays; every one has a worked example that tests/te
 Shape legend: T tokens, K top-k, R = T*K routed rows, E experts, P ranks, N tiles, M tile rows.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -56,30 +58,40 @@ def expected_distinct_ranks(*, num_experts: int, top_k: int, num_ranks: int) -> 
   return num_ranks * (1 - comb(num_experts - per_rank, top_k) / comb(num_experts, top_k))
 
 
-def tile_layout(group_sizes_E: jax.Array, *, num_rows: int, tile_rows: int) -> tuple[jax.Array, jax.Array, int]:
-  """Places expert-sorted rows into tiles of `tile_rows` rows, each tile holding one expert only.
+class TilePlan(NamedTuple):
+  """One tile size's worth of work: tile i multiplies rows [start_N[i], start_N[i] + valid_N[i]) with
+  expert expert_N[i]'s weight. Only the first `count` of the N (static worst case) entries are real."""
 
-  Each expert's group starts on a fresh tile; the tail of its last tile is padding. The tile count is
-  the static worst case N = ceil(R / M) + E, so nothing is ever dropped.
+  tile_rows: int
+  expert_N: jax.Array
+  start_N: jax.Array
+  valid_N: jax.Array
+  count: jax.Array
 
-  Example: group_sizes_E = [3, 0, 2], num_rows=5, tile_rows=2 -> N = 3 + 3 = 6 tiles,
-    dest_R = [0, 1, 2, 4, 5] (expert 0 fills tile 0 and half of tile 1; expert 2 starts at tile 2),
-    tile_expert_N = [0, 0, 2, 2, 2, 2] (unused tiles repeat the last expert and hold zeros).
 
-  Returns:
-    dest_R: padded slot of each sorted row.
-    tile_expert_N: the expert each tile multiplies with.
-    num_tiles: N.
+def tile_plan(group_sizes_E: jax.Array, *, num_rows: int, tile_sizes: tuple[int, ...]) -> list[TilePlan]:
+  """Covers each expert's rows with big tiles first, then smaller ones, so padding stays under the
+  smallest tile per expert. Tile counts are dynamic; array sizes are the static worst case.
+
+  Example: group_sizes_E = [5, 0, 2], num_rows=7, tile_sizes=(4, 2)
+    level M=4: one full tile of expert 0 at row 0            -> expert [0], start [0], valid [4], count 1
+    level M=2: expert 0's last row at 4, expert 2's rows at 5 -> expert [0, 2], start [4, 5], valid [1, 2]
+  (unused worst-case entries follow each level's `count` real ones).
   """
   num_experts = group_sizes_E.shape[0]
-  num_tiles = -(-num_rows // tile_rows) + num_experts
-  padded_E = -(-group_sizes_E // tile_rows) * tile_rows
-  padded_end_E = jnp.cumsum(padded_E)
   start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
-  expert_R = jnp.repeat(jnp.arange(num_experts), group_sizes_E, total_repeat_length=num_rows)
-  dest_R = (padded_end_E - padded_E)[expert_R] + jnp.arange(num_rows) - start_E[expert_R]
-  tile_start_N = jnp.arange(num_tiles) * tile_rows
-  tile_expert_N = jnp.searchsorted(padded_end_E, tile_start_N, side="right")
-  last_used = jnp.max(jnp.where(group_sizes_E > 0, jnp.arange(num_experts), 0))
-  tile_expert_N = jnp.minimum(tile_expert_N, last_used).astype(jnp.int32)
-  return dest_R.astype(jnp.int32), tile_expert_N, num_tiles
+  covered_E = jnp.zeros_like(group_sizes_E)
+  plans = []
+  for level, m in enumerate(tile_sizes):
+    last = level == len(tile_sizes) - 1
+    remaining_E = group_sizes_E - covered_E
+    tiles_E = -(-remaining_E // m) if last else remaining_E // m
+    cum_E = jnp.cumsum(tiles_E)
+    i_N = jnp.arange(num_rows // m + (num_experts if last else 0))
+    expert_N = jnp.minimum(jnp.searchsorted(cum_E, i_N, side="right"), num_experts - 1)
+    first_row_N = start_E[expert_N] + covered_E[expert_N] + (i_N - (cum_E[expert_N] - tiles_E[expert_N])) * m
+    valid_N = jnp.clip(start_E[expert_N] + group_sizes_E[expert_N] - first_row_N, 0, m)
+    plans.append(TilePlan(m, expert_N.astype(jnp.int32), first_row_N.astype(jnp.int32),
+                          valid_N.astype(jnp.int32), cum_E[-1]))
+    covered_E = covered_E + tiles_E * m
+  return plans
