@@ -11,6 +11,10 @@ What we touch (maxtext 0.2.5):
 - `maxtext.utils.max_utils.maybe_initialize_jax_distributed_system`: skipped while only printing a config.
 - `maxtext.common.metric_logger.MetricLogger`: `__init__` and `write_metrics` feed our per-step sink.
 - `maxtext.trainers.pre_train.train.main`: the trainer entry point.
+- `maxtext.layers.moe.RoutedMoE.sparse_matmul`: replaced by our dropless block when moe_impl=dropless.
+  Routing (`get_topk`), the load-balance loss and the aux-loss-free bias update stay MaxText's own.
+- `maxtext.trainers.pre_train.train.loss_fn`: wrapped to send the block's per-step stats to the host.
+- `maxtext.trainers.pre_train.train.warmup_programs`: wrapped so its warm-up steps' stats are discarded.
 """
 
 import contextlib
@@ -24,16 +28,22 @@ from typing import Any, Literal
 
 os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")  # MaxText: no Google Cloud dependencies.
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import omegaconf  # noqa: E402
 import pydantic  # noqa: E402
+from flax import nnx  # noqa: E402
 from maxtext.common import metric_logger  # noqa: E402
+from maxtext.layers import moe as mt_moe  # noqa: E402
 from maxtext.configs import pyconfig, types  # noqa: E402
 from maxtext.utils import globals as mt_globals  # noqa: E402
-from maxtext.utils import max_utils  # noqa: E402
+from maxtext.utils import max_utils, maxtext_utils  # noqa: E402
 from pydantic import model_validator  # noqa: E402
 
 from maxtext_moe.config import checks  # noqa: E402
-from maxtext_moe.config.keys import PluginKeys  # noqa: E402
+from maxtext_moe.config.keys import MoEImpl, PluginKeys  # noqa: E402
+from maxtext_moe.launch import moe_stats  # noqa: E402
+from maxtext_moe.moe.block import MoESettings, moe_block  # noqa: E402
 from maxtext_moe.errors import UserError  # noqa: E402
 
 # Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
@@ -50,6 +60,19 @@ UPSTREAM_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("maxtext.common.metric_logger", "MetricLogger.__init__", ("self", "config", "learning_rate_schedule", "start_step")),
     ("maxtext.common.metric_logger", "MetricLogger.write_metrics", ("self", "metrics", "step", "metric_type")),
     ("maxtext.trainers.pre_train.train", "main", ("argv",)),
+    ("maxtext.trainers.pre_train.train", "loss_fn", ("model", "config", "data", "dropout_rng", "params", "is_train")),
+    ("maxtext.trainers.pre_train.train", "warmup_programs", ("programs", "state")),
+    ("maxtext.layers.moe", "RoutedMoE.sparse_matmul", (
+        "self", "inputs", "gate_logits", "pre_bias_logits", "w0_kernel", "w1_kernel", "wo_kernel", "w0_bias",
+        "w1_bias", "wo_bias", "input_ids", "forced_routed_experts")),
+    ("maxtext.layers.moe", "RoutedMoE.get_topk", ("self", "gate_logits", "pre_bias_logits", "rngs", "input_ids",
+                                                  "forced_routed_experts")),
+    ("maxtext.layers.moe", "RoutedMoE.load_balance_loss", ("self", "top_k_indices", "logits")),
+    ("maxtext.layers.moe", "RoutedMoE.should_update_load_balance", ("self",)),
+    ("maxtext.layers.moe", "calculate_load_balance_updates", ("top_k_indices", "num_experts", "rate")),
+    ("maxtext.layers.moe", "calculate_expert_counts", ("top_k_indices", "num_experts")),
+    ("maxtext.layers.moe", "uses_megatron_seq_aux_loss", ("config",)),
+    ("maxtext.utils.maxtext_utils", "collect_intermediates_by_suffix", ("intermediate_outputs",)),
     ("maxtext.utils.globals", "MAXTEXT_PKG_DIR", ()),
 )
 
@@ -199,7 +222,9 @@ def _install_metric_hook(on_start: StartHook) -> None:
   def write_metrics(self, metrics, step, metric_type="train"):
     write(self, metrics, step, metric_type)
     if metric_type == "train" and metrics and getattr(self, "_moe_sink", None):
-      self._moe_sink(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
+      scalars = {k: float(v) for k, v in metrics["scalar"].items()}
+      scalars.update(moe_stats.pop_step(self.config))
+      self._moe_sink(int(step), scalars)
 
   cls.__init__ = __init__
   cls.write_metrics = write_metrics
@@ -212,6 +237,8 @@ def run_trainer(config_path: str, overrides: list[str], *, on_start: StartHook) 
 
   _install_config_class()
   _install_metric_hook(on_start)
+  install_moe_patch()
+  _install_stats_hooks()
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   train.main(["", str(config_path), *overrides])
@@ -225,3 +252,91 @@ def upstream_signature(module: str, attr: str) -> inspect.Signature | None:
   for part in attr.split("."):
     obj = getattr(obj, part)
   return inspect.signature(obj) if callable(obj) else None
+
+
+# --- the dropless MoE block at the sparse_matmul seam -------------------------------------------
+
+
+def _routing_aux(layer: Any, gate_logits: jax.Array, pre_bias_logits: jax.Array, top_k_indices: jax.Array):
+  """Load-balance loss and aux-loss-free bias update, computed as MaxText's dense_matmul does."""
+  cfg = layer.config
+  lb_loss = None
+  if cfg.model_call_mode != "inference" and not layer.is_hash_routing and cfg.load_balance_loss_weight > 0.0:
+    if mt_moe.uses_megatron_seq_aux_loss(cfg):
+      lb_loss = layer.megatron_seq_aux_loss(pre_bias_logits if pre_bias_logits is not None else gate_logits)
+    else:
+      probs = jax.nn.softmax(gate_logits.astype(jnp.float32), axis=-1).astype(layer.dtype)
+      lb_loss = layer.load_balance_loss(top_k_indices, probs)
+  bias_updates = None
+  if layer.should_update_load_balance():
+    if getattr(cfg, "gradient_accumulation_steps", 1) > 1:
+      bias_updates = mt_moe.calculate_expert_counts(top_k_indices, cfg.num_experts, axis_names=None)
+    else:
+      bias_updates = mt_moe.calculate_load_balance_updates(
+          top_k_indices, cfg.num_experts, cfg.routed_bias_update_rate, axis_names=None
+      )
+  return lb_loss, bias_updates
+
+
+def settings_from_config(cfg: Any) -> MoESettings:
+  return MoESettings(
+      dispatch=cfg.moe_dispatch, gemm=cfg.moe_gemm_backend, capacity_factor=float(cfg.moe_capacity_factor),
+      activation=cfg.mlp_activations[0],
+  )
+
+
+def _dropless_sparse_matmul(self, inputs, gate_logits, pre_bias_logits, w0_kernel, w1_kernel, wo_kernel, w0_bias,
+                            w1_bias, wo_bias, input_ids=None, forced_routed_experts=None):
+  """Drop-in for RoutedMoE.sparse_matmul: MaxText routing, then our dispatch -> grouped GEMM -> combine."""
+  cfg = self.config
+  if str(getattr(cfg, "moe_impl", MoEImpl.MAXTEXT)) != MoEImpl.DROPLESS:
+    return mt_moe.RoutedMoE._moe_orig_sparse_matmul(  # pylint: disable=protected-access
+        self, inputs, gate_logits, pre_bias_logits, w0_kernel, w1_kernel, wo_kernel, w0_bias, w1_bias, wo_bias,
+        input_ids=input_ids, forced_routed_experts=forced_routed_experts)
+  if any(b is not None for b in (w0_bias, w1_bias, wo_bias)):
+    raise ValueError("moe_impl=dropless does not support MLP biases; set moe_impl=maxtext")
+  weights, ids = self.get_topk(gate_logits, pre_bias_logits, self.rngs, input_ids=input_ids,
+                               forced_routed_experts=forced_routed_experts)
+  lb_loss, bias_updates = _routing_aux(self, gate_logits, pre_bias_logits, ids)
+  b, s, d = inputs.shape
+  k = ids.shape[-1]
+  ep = self.mesh.shape.get("expert", 1)
+  y, stats = moe_block(
+      inputs.reshape(b * s, d), ids.reshape(b * s, k).astype(jnp.int32), weights.reshape(b * s, k).astype(inputs.dtype),
+      w0_kernel.astype(inputs.dtype), w1_kernel.astype(inputs.dtype), wo_kernel.astype(inputs.dtype),
+      mesh=self.mesh, expert_axis="expert" if ep > 1 else None, settings=settings_from_config(cfg),
+  )
+  self.sow(nnx.Intermediate, moe_stats.INTERMEDIATE, moe_stats.pack(stats, itemsize=inputs.dtype.itemsize, dim=d))
+  return y.reshape(b, s, d), lb_loss, bias_updates
+
+
+def install_moe_patch() -> None:
+  """Replaces RoutedMoE.sparse_matmul (idempotent). Non-dropless configs still reach MaxText's original."""
+  cls = mt_moe.RoutedMoE
+  if not hasattr(cls, "_moe_orig_sparse_matmul"):
+    cls._moe_orig_sparse_matmul = cls.sparse_matmul
+  cls.sparse_matmul = _dropless_sparse_matmul
+
+
+def _install_stats_hooks() -> None:
+  """loss_fn sends the block's per-step stats to the host; warm-up steps' stats are dropped."""
+  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
+
+  loss_fn, warmup = getattr(train, "_moe_orig", (train.loss_fn, train.warmup_programs))
+  train._moe_orig = (loss_fn, warmup)
+
+  def wrapped_loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
+    loss, aux = loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train)
+    if is_train:
+      found = maxtext_utils.collect_intermediates_by_suffix(aux["intermediate_outputs"], moe_stats.INTERMEDIATE)
+      if found:
+        jax.debug.callback(moe_stats.push, moe_stats.reduce_layers(found))
+    return loss, aux
+
+  def wrapped_warmup(*args, **kwargs):
+    out = warmup(*args, **kwargs)
+    moe_stats.clear()
+    return out
+
+  train.loss_fn = wrapped_loss_fn
+  train.warmup_programs = wrapped_warmup

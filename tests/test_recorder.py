@@ -20,7 +20,7 @@ def test_step_row_scales_tokens_by_devices_and_keeps_moe_metrics():
 def test_resume_drops_rows_at_or_after_the_restored_step(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text("".join(json.dumps({"step": s, "loss": 9.0 - s}) + "\n" for s in range(6)))
-  rec = RunRecorder(run_dir=tmp_path, total_steps=8, num_devices=1, progress="none", plot_name="", stream=io.StringIO())
+  rec = RunRecorder(run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO())
   rec.start(None, start_step=4)
   rec(4, _scalars(1.5))
   rec.finish()

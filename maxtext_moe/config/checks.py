@@ -101,4 +101,36 @@ def check_topk_routing(cfg: Any) -> None:
       )
 
 
-ALL_CHECKS = (check_one_auto_axis, check_layout_fits_devices, check_experts_divisible_by_ep, check_topk_routing)
+def check_dropless_block_applies(cfg: Any) -> None:
+  """Our block sits at MaxText's sparse_matmul seam; say so when a setting would bypass or break it."""
+  if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
+    return
+  fix = "or set moe_impl=maxtext"
+  if not cfg.sparse_matmul:
+    raise ValueError(f"moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true, {fix}")
+  if getattr(cfg, "te_moe_block", False):
+    raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {fix}")
+  ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
+  if str(cfg.moe_dispatch) == "local" and ep > 1:
+    raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
+  unsupported = {
+      "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
+      "mlp_bias": bool(cfg.mlp_bias),
+      "mlp_activations_limit": getattr(cfg, "mlp_activations_limit", 0.0) > 0,
+      f"decoder_block={cfg.decoder_block}": str(getattr(cfg.decoder_block, "value", cfg.decoder_block))
+      in ("llama4", "gpt_oss"),
+      f"mlp_activations={list(cfg.mlp_activations)}": len(cfg.mlp_activations) != 2
+      or cfg.mlp_activations[1] != "linear" or cfg.mlp_activations[0] not in ("silu", "gelu", "relu"),
+  }
+  bad = [k for k, v in unsupported.items() if v]
+  if bad:
+    raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {fix}")
+
+
+ALL_CHECKS = (
+    check_one_auto_axis,
+    check_layout_fits_devices,
+    check_experts_divisible_by_ep,
+    check_topk_routing,
+    check_dropless_block_applies,
+)

@@ -9,6 +9,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from maxtext_moe.moe.block import DispatchKind
+from maxtext_moe.moe.gemm import GemmBackend
+
 
 class Hardware(StrEnum):
   """The hardware a recipe is laid out for."""
@@ -27,7 +30,14 @@ class Progress(StrEnum):
   AUTO = "auto"  # rich on a terminal, plain lines otherwise
   RICH = "rich"
   PLAIN = "plain"
-  NONE = "none"
+  SILENT = "silent"  # not "none"/"off": MaxText turns "none" into None and YAML reads "off" as False
+
+
+class MoEImpl(StrEnum):
+  """Which code computes the routed experts."""
+
+  DROPLESS = "dropless"  # ours: maxtext_moe.moe, patched in at MaxText's sparse_matmul seam
+  MAXTEXT = "maxtext"  # MaxText's own sparse_matmul / dense_matmul
 
 
 class PluginKeys(BaseModel):
@@ -38,6 +48,26 @@ class PluginKeys(BaseModel):
       -1,
       description="Total devices the recipe's parallelism layout expects; -1 means whatever is visible. "
       "The launcher refuses to start when the visible device count differs.",
+  )
+  moe_impl: MoEImpl = Field(
+      MoEImpl.DROPLESS,
+      description="dropless: our block replaces MaxText's sparse_matmul (needs sparse_matmul=true); "
+      "maxtext: MaxText's own expert computation.",
+  )
+  moe_dispatch: DispatchKind = Field(
+      DispatchKind.AUTO,
+      description="Token dispatch: local (no expert parallelism), all_to_all (portable, deduplicated per "
+      "destination rank), auto (local at EP=1, all_to_all otherwise).",
+  )
+  moe_gemm_backend: GemmBackend = Field(
+      GemmBackend.AUTO,
+      description="Grouped GEMM: tiled (fast portable loop over expert tiles), ragged_dot (jax.lax), tokamax, "
+      "auto (tiled on CPU, ragged_dot elsewhere).",
+  )
+  moe_capacity_factor: float = Field(
+      0.0,
+      description="<= 0: dropless (buffers sized for the worst case). > 0: all_to_all buffers hold "
+      "ceil(factor * tokens * top_k / EP) rows per rank; overflow is counted in moe/tokens_dropped.",
   )
   progress: Progress = Field(Progress.AUTO, description="Per-step progress display of the launcher.")
   metrics_jsonl: str = Field(

@@ -21,6 +21,7 @@ _FIELDS = {
     "perf/per_device_tflops_per_sec": "tflops_per_s_per_device",
     "learning/current_learning_rate": "learning_rate",
     "learning/grad_norm": "grad_norm",
+    "learning/raw_grad_norm": "raw_grad_norm",
 }
 _MOE_PREFIX = "moe/"
 
