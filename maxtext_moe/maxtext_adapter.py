@@ -340,3 +340,44 @@ def _install_stats_hooks() -> None:
 
   train.loss_fn = wrapped_loss_fn
   train.warmup_programs = wrapped_warmup
+
+
+# --- a standalone MaxText MoE layer, for benchmarks ------------------------------------------------
+
+
+def routed_moe_loss_and_grad(config_path: str, overrides: list[str]):
+  """Builds MaxText's RoutedMoE from a resolved config; returns (fwd, fwd_bwd, params, x, run_ctx).
+
+  `fwd(params, x)` returns the layer output; `fwd_bwd(params, x)` returns grads of sum(y^2) for the layer's
+  parameters and x (both jitted). Both must be called inside `run_ctx()` (MaxText's mesh and logical axis rules).
+  """
+  from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
+  from maxtext.layers import initializers  # pylint: disable=import-outside-toplevel
+
+  install_moe_patch()
+  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+
+  def run_ctx():
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
+    return stack
+
+  with run_ctx():
+    layer = mt_moe.RoutedMoE(
+        config=cfg, num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok, mesh=mesh,
+        kernel_init=initializers.nd_dense_init(1.0, "fan_in", "truncated_normal"), kernel_axes=("embed", None),
+        intermediate_dim=cfg.moe_mlp_dim, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype, rngs=nnx.Rngs(0),
+    )
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  batch = int(cfg.per_device_batch_size) * jax.device_count()
+  x = jax.random.normal(jax.random.PRNGKey(1), (batch, cfg.max_target_length, cfg.emb_dim), cfg.dtype)
+
+  def apply(params, x):
+    return nnx.merge(graphdef, params, rest)(x)[0]
+
+  def loss(state, x):
+    return jnp.sum(apply(state, x).astype(jnp.float32) ** 2)
+
+  return jax.jit(apply), jax.jit(jax.grad(loss, argnums=(0, 1))), params, x, run_ctx
