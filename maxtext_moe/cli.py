@@ -64,24 +64,28 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="maxtext-moe", description="Dropless DeepSeek-V3-class MoE training on MaxText.", epilog=_EPILOG
+    prog="maxtext-moe", description="Dropless DeepSeek-V3-class MoE training on MaxText.", epilog=_EPILOG
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
   p = sub.add_parser(
-      "train", help="train a recipe (default: the tiny DeepSeek-V3-shaped model on CPU)", epilog=_EPILOG,
-      description="Run MaxText's trainer on RECIPE (default cpu/deepseek3-tiny) with key=value overrides. "
-      "Writes Orbax checkpoints, metrics.jsonl and loss.png under base_output_directory/run_name; "
-      "rerunning with the same run_name resumes from the last checkpoint.",
+    "train",
+    help="train a recipe (default: the tiny DeepSeek-V3-shaped model on CPU)",
+    epilog=_EPILOG,
+    description="Run MaxText's trainer on RECIPE (default cpu/deepseek3-tiny) with key=value overrides. "
+    "Writes Orbax checkpoints, metrics.jsonl and loss.png under base_output_directory/run_name; "
+    "rerunning with the same run_name resumes from the last checkpoint.",
   )
   p.add_argument("args", nargs="*", metavar="[RECIPE] [key=value]")
   p.add_argument("-v", "--verbose", action="store_true", help="show MaxText's own INFO logging")
   p.set_defaults(func=_cmd_train)
 
   p = sub.add_parser(
-      "config", help="print a recipe's resolved config", epilog=_EPILOG,
-      description="Resolve RECIPE plus overrides without training: print the plugin's keys and every key "
-      "whose value differs from MaxText's own base.yml.",
+    "config",
+    help="print a recipe's resolved config",
+    epilog=_EPILOG,
+    description="Resolve RECIPE plus overrides without training: print the plugin's keys and every key "
+    "whose value differs from MaxText's own base.yml.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
   p.add_argument("--all", action="store_true", help="print every key, not only the ones that differ")
@@ -92,16 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=_cmd_recipes)
 
   p = sub.add_parser(
-      "bench", help="run a benchmark and print its table",
-      description="moe: grouped-GEMM efficiency per backend (vs a dense matmul of equal FLOPs), MaxText "
-      "RoutedMoE forward+backward time for stock sparse_matmul, stock dense_matmul and ours, and the "
-      "all_to_all dispatcher's dedup ratio at EP=8. Shapes are documented in maxtext_moe/bench/moe.py. "
-      "About 2-3 minutes on 2 CPU cores.",
+    "bench",
+    help="run a benchmark and print its table",
+    description="moe: grouped-GEMM efficiency per backend (vs a dense matmul of equal FLOPs), MaxText "
+    "RoutedMoE forward+backward time for stock sparse_matmul, stock dense_matmul and ours, and the "
+    "all_to_all dispatcher's dedup ratio at EP=8. Shapes are documented in maxtext_moe/bench/moe.py. "
+    "About 2-3 minutes on 2 CPU cores.",
   )
   p.add_argument("which", choices=["moe"], help="which benchmark")
   p.add_argument("--json", action="store_true", help="also print the results as one JSON object (last line)")
-  p.add_argument("--backends", nargs="+", choices=["tiled", "ragged_dot", "tokamax"], default=None,
-                 help="grouped-GEMM backends to measure (default: all)")
+  p.add_argument(
+    "--backends",
+    nargs="+",
+    choices=["tiled", "ragged_dot", "tokamax"],
+    default=None,
+    help="grouped-GEMM backends to measure (default: all)",
+  )
   p.set_defaults(func=_cmd_bench)
   return parser
 

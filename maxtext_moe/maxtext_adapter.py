@@ -34,17 +34,17 @@ import omegaconf  # noqa: E402
 import pydantic  # noqa: E402
 from flax import nnx  # noqa: E402
 from maxtext.common import metric_logger  # noqa: E402
-from maxtext.layers import moe as mt_moe  # noqa: E402
 from maxtext.configs import pyconfig, types  # noqa: E402
+from maxtext.layers import moe as mt_moe  # noqa: E402
 from maxtext.utils import globals as mt_globals  # noqa: E402
 from maxtext.utils import max_utils, maxtext_utils  # noqa: E402
 from pydantic import model_validator  # noqa: E402
 
 from maxtext_moe.config import checks  # noqa: E402
 from maxtext_moe.config.keys import MoEImpl, PluginKeys  # noqa: E402
+from maxtext_moe.errors import UserError  # noqa: E402
 from maxtext_moe.launch import moe_stats  # noqa: E402
 from maxtext_moe.moe.block import MoESettings, moe_block  # noqa: E402
-from maxtext_moe.errors import UserError  # noqa: E402
 
 # Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
 # MaxText keys DeepSeek-V3 routing (sigmoid + bias, group-limited top-k) on that prefix.
@@ -52,28 +52,46 @@ PLUGIN_MODEL_NAMES = ("deepseek3-proxy-16b",)
 
 # (module, attribute, parameters we pass or rely on). Checked by tests/test_upstream_contract.py.
 UPSTREAM_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("maxtext.configs.pyconfig", "initialize", ("argv", "config_class")),
-    ("maxtext.configs.pyconfig", "_initialize_pydantic", ("argv", "config_class")),
-    ("maxtext.configs.pyconfig", "HyperParameters", ("pydantic_config",)),
-    ("maxtext.configs.types", "MaxTextConfig", ()),
-    ("maxtext.utils.max_utils", "maybe_initialize_jax_distributed_system", ("raw_keys",)),
-    ("maxtext.common.metric_logger", "MetricLogger.__init__", ("self", "config", "learning_rate_schedule", "start_step")),
-    ("maxtext.common.metric_logger", "MetricLogger.write_metrics", ("self", "metrics", "step", "metric_type")),
-    ("maxtext.trainers.pre_train.train", "main", ("argv",)),
-    ("maxtext.trainers.pre_train.train", "loss_fn", ("model", "config", "data", "dropout_rng", "params", "is_train")),
-    ("maxtext.trainers.pre_train.train", "warmup_programs", ("programs", "state")),
-    ("maxtext.layers.moe", "RoutedMoE.sparse_matmul", (
-        "self", "inputs", "gate_logits", "pre_bias_logits", "w0_kernel", "w1_kernel", "wo_kernel", "w0_bias",
-        "w1_bias", "wo_bias", "input_ids", "forced_routed_experts")),
-    ("maxtext.layers.moe", "RoutedMoE.get_topk", ("self", "gate_logits", "pre_bias_logits", "rngs", "input_ids",
-                                                  "forced_routed_experts")),
-    ("maxtext.layers.moe", "RoutedMoE.load_balance_loss", ("self", "top_k_indices", "logits")),
-    ("maxtext.layers.moe", "RoutedMoE.should_update_load_balance", ("self",)),
-    ("maxtext.layers.moe", "calculate_load_balance_updates", ("top_k_indices", "num_experts", "rate")),
-    ("maxtext.layers.moe", "calculate_expert_counts", ("top_k_indices", "num_experts")),
-    ("maxtext.layers.moe", "uses_megatron_seq_aux_loss", ("config",)),
-    ("maxtext.utils.maxtext_utils", "collect_intermediates_by_suffix", ("intermediate_outputs",)),
-    ("maxtext.utils.globals", "MAXTEXT_PKG_DIR", ()),
+  ("maxtext.configs.pyconfig", "initialize", ("argv", "config_class")),
+  ("maxtext.configs.pyconfig", "_initialize_pydantic", ("argv", "config_class")),
+  ("maxtext.configs.pyconfig", "HyperParameters", ("pydantic_config",)),
+  ("maxtext.configs.types", "MaxTextConfig", ()),
+  ("maxtext.utils.max_utils", "maybe_initialize_jax_distributed_system", ("raw_keys",)),
+  ("maxtext.common.metric_logger", "MetricLogger.__init__", ("self", "config", "learning_rate_schedule", "start_step")),
+  ("maxtext.common.metric_logger", "MetricLogger.write_metrics", ("self", "metrics", "step", "metric_type")),
+  ("maxtext.trainers.pre_train.train", "main", ("argv",)),
+  ("maxtext.trainers.pre_train.train", "loss_fn", ("model", "config", "data", "dropout_rng", "params", "is_train")),
+  ("maxtext.trainers.pre_train.train", "warmup_programs", ("programs", "state")),
+  (
+    "maxtext.layers.moe",
+    "RoutedMoE.sparse_matmul",
+    (
+      "self",
+      "inputs",
+      "gate_logits",
+      "pre_bias_logits",
+      "w0_kernel",
+      "w1_kernel",
+      "wo_kernel",
+      "w0_bias",
+      "w1_bias",
+      "wo_bias",
+      "input_ids",
+      "forced_routed_experts",
+    ),
+  ),
+  (
+    "maxtext.layers.moe",
+    "RoutedMoE.get_topk",
+    ("self", "gate_logits", "pre_bias_logits", "rngs", "input_ids", "forced_routed_experts"),
+  ),
+  ("maxtext.layers.moe", "RoutedMoE.load_balance_loss", ("self", "top_k_indices", "logits")),
+  ("maxtext.layers.moe", "RoutedMoE.should_update_load_balance", ("self",)),
+  ("maxtext.layers.moe", "calculate_load_balance_updates", ("top_k_indices", "num_experts", "rate")),
+  ("maxtext.layers.moe", "calculate_expert_counts", ("top_k_indices", "num_experts")),
+  ("maxtext.layers.moe", "uses_megatron_seq_aux_loss", ("config",)),
+  ("maxtext.utils.maxtext_utils", "collect_intermediates_by_suffix", ("intermediate_outputs",)),
+  ("maxtext.utils.globals", "MAXTEXT_PKG_DIR", ()),
 )
 
 MAXTEXT_CONFIGS_DIR = Path(mt_globals.MAXTEXT_CONFIGS_DIR)
@@ -118,7 +136,7 @@ class MoEMaxTextConfig(PluginKeys, types.MaxTextConfig):
   """MaxText's config plus the plugin's keys and cross-field checks. Unknown keys stay errors."""
 
   model_name: types.ModelName | Literal[PLUGIN_MODEL_NAMES] = pydantic.Field(  # type: ignore[valid-type]
-      "default", description="The name of the model configuration to use."
+    "default", description="The name of the model configuration to use."
   )
 
   @model_validator(mode="after")
@@ -185,7 +203,8 @@ def maxtext_base_defaults() -> dict[str, Any]:
   """MaxText's own base.yml, resolved with no plugin layers (for `maxtext-moe config` diffs)."""
   with _no_distributed_init():
     cfg = pyconfig._initialize_pydantic(  # pylint: disable=protected-access
-        ["", str(MAXTEXT_CONFIGS_DIR / "base.yml"), "log_config=false", "base_output_directory=/maxtext_output"], config_class=types.MaxTextConfig
+      ["", str(MAXTEXT_CONFIGS_DIR / "base.yml"), "log_config=false", "base_output_directory=/maxtext_output"],
+      config_class=types.MaxTextConfig,
     )
   return cfg.model_dump()
 
@@ -273,38 +292,70 @@ def _routing_aux(layer: Any, gate_logits: jax.Array, pre_bias_logits: jax.Array,
       bias_updates = mt_moe.calculate_expert_counts(top_k_indices, cfg.num_experts, axis_names=None)
     else:
       bias_updates = mt_moe.calculate_load_balance_updates(
-          top_k_indices, cfg.num_experts, cfg.routed_bias_update_rate, axis_names=None
+        top_k_indices, cfg.num_experts, cfg.routed_bias_update_rate, axis_names=None
       )
   return lb_loss, bias_updates
 
 
 def settings_from_config(cfg: Any) -> MoESettings:
   return MoESettings(
-      dispatch=cfg.moe_dispatch, gemm=cfg.moe_gemm_backend, capacity_factor=float(cfg.moe_capacity_factor),
-      activation=cfg.mlp_activations[0],
+    dispatch=cfg.moe_dispatch,
+    gemm=cfg.moe_gemm_backend,
+    capacity_factor=float(cfg.moe_capacity_factor),
+    activation=cfg.mlp_activations[0],
   )
 
 
-def _dropless_sparse_matmul(self, inputs, gate_logits, pre_bias_logits, w0_kernel, w1_kernel, wo_kernel, w0_bias,
-                            w1_bias, wo_bias, input_ids=None, forced_routed_experts=None):
+def _dropless_sparse_matmul(
+  self,
+  inputs,
+  gate_logits,
+  pre_bias_logits,
+  w0_kernel,
+  w1_kernel,
+  wo_kernel,
+  w0_bias,
+  w1_bias,
+  wo_bias,
+  input_ids=None,
+  forced_routed_experts=None,
+):
   """Drop-in for RoutedMoE.sparse_matmul: MaxText routing, then our dispatch -> grouped GEMM -> combine."""
   cfg = self.config
   if str(getattr(cfg, "moe_impl", MoEImpl.MAXTEXT)) != MoEImpl.DROPLESS:
     return mt_moe.RoutedMoE._moe_orig_sparse_matmul(  # pylint: disable=protected-access
-        self, inputs, gate_logits, pre_bias_logits, w0_kernel, w1_kernel, wo_kernel, w0_bias, w1_bias, wo_bias,
-        input_ids=input_ids, forced_routed_experts=forced_routed_experts)
+      self,
+      inputs,
+      gate_logits,
+      pre_bias_logits,
+      w0_kernel,
+      w1_kernel,
+      wo_kernel,
+      w0_bias,
+      w1_bias,
+      wo_bias,
+      input_ids=input_ids,
+      forced_routed_experts=forced_routed_experts,
+    )
   if any(b is not None for b in (w0_bias, w1_bias, wo_bias)):
     raise ValueError("moe_impl=dropless does not support MLP biases; set moe_impl=maxtext")
-  weights, ids = self.get_topk(gate_logits, pre_bias_logits, self.rngs, input_ids=input_ids,
-                               forced_routed_experts=forced_routed_experts)
+  weights, ids = self.get_topk(
+    gate_logits, pre_bias_logits, self.rngs, input_ids=input_ids, forced_routed_experts=forced_routed_experts
+  )
   lb_loss, bias_updates = _routing_aux(self, gate_logits, pre_bias_logits, ids)
   b, s, d = inputs.shape
   k = ids.shape[-1]
   ep = self.mesh.shape.get("expert", 1)
   y, stats = moe_block(
-      inputs.reshape(b * s, d), ids.reshape(b * s, k).astype(jnp.int32), weights.reshape(b * s, k).astype(inputs.dtype),
-      w0_kernel.astype(inputs.dtype), w1_kernel.astype(inputs.dtype), wo_kernel.astype(inputs.dtype),
-      mesh=self.mesh, expert_axis="expert" if ep > 1 else None, settings=settings_from_config(cfg),
+    inputs.reshape(b * s, d),
+    ids.reshape(b * s, k).astype(jnp.int32),
+    weights.reshape(b * s, k).astype(inputs.dtype),
+    w0_kernel.astype(inputs.dtype),
+    w1_kernel.astype(inputs.dtype),
+    wo_kernel.astype(inputs.dtype),
+    mesh=self.mesh,
+    expert_axis="expert" if ep > 1 else None,
+    settings=settings_from_config(cfg),
   )
   self.sow(nnx.Intermediate, moe_stats.INTERMEDIATE, moe_stats.pack(stats, itemsize=inputs.dtype.itemsize, dim=d))
   return y.reshape(b, s, d), lb_loss, bias_updates
@@ -366,9 +417,16 @@ def routed_moe_loss_and_grad(config_path: str, overrides: list[str]):
 
   with run_ctx():
     layer = mt_moe.RoutedMoE(
-        config=cfg, num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok, mesh=mesh,
-        kernel_init=initializers.nd_dense_init(1.0, "fan_in", "truncated_normal"), kernel_axes=("embed", None),
-        intermediate_dim=cfg.moe_mlp_dim, dtype=cfg.dtype, weight_dtype=cfg.weight_dtype, rngs=nnx.Rngs(0),
+      config=cfg,
+      num_experts=cfg.num_experts,
+      num_experts_per_tok=cfg.num_experts_per_tok,
+      mesh=mesh,
+      kernel_init=initializers.nd_dense_init(1.0, "fan_in", "truncated_normal"),
+      kernel_axes=("embed", None),
+      intermediate_dim=cfg.moe_mlp_dim,
+      dtype=cfg.dtype,
+      weight_dtype=cfg.weight_dtype,
+      rngs=nnx.Rngs(0),
     )
   graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
   batch = int(cfg.per_device_batch_size) * jax.device_count()

@@ -21,7 +21,7 @@ def run_cli(args: list[str], *, cwd: Path, devices: int = 1, timeout: int = 600)
   """Runs `python -m maxtext_moe ARGS` in a fresh process with `devices` fake CPU devices."""
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHONUNBUFFERED="1")
   return subprocess.run(
-      [sys.executable, "-m", "maxtext_moe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    [sys.executable, "-m", "maxtext_moe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
   )
 
 

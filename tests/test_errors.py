@@ -13,19 +13,19 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 
 
 @pytest.mark.parametrize(
-    ("overrides", "expected"),
-    [
-        (["learning_rat=1"], "unknown config key 'learning_rat'; did you mean 'learning_rate'?"),
-        (["progress=fancy"], "bad value for 'progress'"),
-        (["steps=many"], "bad value for 'steps'"),
-        (["ici_expert_parallelism=3"], "num_experts=16 is not divisible by expert parallelism 3"),
-        (["ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
-        (["num_experts_per_tok=9", "override_model_config=true"], "group-limited routing keeps 2 groups of 4"),
-        (["sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true"),
-        (["moe_dispatch=local", "ici_expert_parallelism=8"], "moe_dispatch=local cannot serve expert parallelism 8"),
-        (["quantization=fp8"], "moe_impl=dropless does not support quantization yet"),
-        (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
-    ],
+  ("overrides", "expected"),
+  [
+    (["learning_rat=1"], "unknown config key 'learning_rat'; did you mean 'learning_rate'?"),
+    (["progress=fancy"], "bad value for 'progress'"),
+    (["steps=many"], "bad value for 'steps'"),
+    (["ici_expert_parallelism=3"], "num_experts=16 is not divisible by expert parallelism 3"),
+    (["ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
+    (["num_experts_per_tok=9", "override_model_config=true"], "group-limited routing keeps 2 groups of 4"),
+    (["sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true"),
+    (["moe_dispatch=local", "ici_expert_parallelism=8"], "moe_dispatch=local cannot serve expert parallelism 8"),
+    (["quantization=fp8"], "moe_impl=dropless does not support quantization yet"),
+    (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
+  ],
 )
 def test_bad_overrides_raise_one_line(overrides, expected, adapter):
   with pytest.raises(UserError) as e:

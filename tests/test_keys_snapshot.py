@@ -3,15 +3,15 @@
 from maxtext_moe.config.keys import PLUGIN_KEY_NAMES, PluginKeys
 
 SNAPSHOT = (
-    "recipe_hardware",
-    "recipe_num_devices",
-    "moe_impl",
-    "moe_dispatch",
-    "moe_gemm_backend",
-    "moe_capacity_factor",
-    "progress",
-    "metrics_jsonl",
-    "loss_plot",
+  "recipe_hardware",
+  "recipe_num_devices",
+  "moe_impl",
+  "moe_dispatch",
+  "moe_gemm_backend",
+  "moe_capacity_factor",
+  "progress",
+  "metrics_jsonl",
+  "loss_plot",
 )
 
 

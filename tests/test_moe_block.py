@@ -1,6 +1,7 @@
 """The MoE block's parity ladder on 8 fake CPU devices: identity, loop reference, EP=1 vs EP>1."""
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,11 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 def _weights(seed=0):
   k = jax.random.split(jax.random.PRNGKey(seed), 3)
-  return (jax.random.normal(k[0], (E, D, F)) / 4, jax.random.normal(k[1], (E, D, F)) / 4,
-          jax.random.normal(k[2], (E, F, D)) / 4)
+  return (
+    jax.random.normal(k[0], (E, D, F)) / 4,
+    jax.random.normal(k[1], (E, D, F)) / 4,
+    jax.random.normal(k[2], (E, F, D)) / 4,
+  )
 
 
 def _tokens(routing="random", seed=1):
@@ -99,7 +103,9 @@ def test_all_to_all_roundtrip_is_identity(ep):
 def test_local_layer_matches_loop_reference(routing):
   x, ids, weights = _tokens(routing)
   w = _weights()
-  run = jax.jit(functools.partial(routed_experts, dispatcher=LocalDispatcher(E), settings=MoESettings(tile_sizes=(8, 2))))
+  run = jax.jit(
+    functools.partial(routed_experts, dispatcher=LocalDispatcher(E), settings=MoESettings(tile_sizes=(8, 2)))
+  )
   y, _ = run(x, ids, weights, *w)
   np.testing.assert_allclose(y, _reference(x, ids, weights, *w), **TOL)
 
@@ -114,6 +120,7 @@ def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing):
     def f(x, weights, w0, w1, wo):
       y, _ = _run(x, ids, weights, (w0, w1, wo), ep=ep)
       return jnp.sum(y * jnp.cos(jnp.arange(D)))
+
     return f
 
   ref_y, _ = _run(x, ids, weights, w, ep=1)

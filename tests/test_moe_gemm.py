@@ -28,10 +28,10 @@ def _case(sizes, *, extra_rows=0, d=16, f=24, seed=0):
 
 
 CASES = {
-    "uneven": ([5, 0, 17, 3], 0),
-    "all_to_one_expert": ([0, 0, 40, 0], 0),
-    "one_row_each": ([1, 1, 1, 1], 0),
-    "trailing_unassigned_rows": ([3, 2, 0, 6], 5),
+  "uneven": ([5, 0, 17, 3], 0),
+  "all_to_one_expert": ([0, 0, 40, 0], 0),
+  "one_row_each": ([1, 1, 1, 1], 0),
+  "trailing_unassigned_rows": ([3, 2, 0, 6], 5),
 }
 
 

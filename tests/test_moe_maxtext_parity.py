@@ -8,8 +8,15 @@ from maxtext_moe.launch.recorder import read_jsonl
 pytestmark = pytest.mark.slow
 
 # A large bias-update rate makes routing change between steps, so a wrong bias update would show in the loss.
-COMMON = ["steps=3", "max_target_length=128", "learning_rate=1e-2", "progress=silent", "checkpoint_period=100",
-          "override_model_config=true", "routed_bias_update_rate=0.05"]
+COMMON = [
+  "steps=3",
+  "max_target_length=128",
+  "learning_rate=1e-2",
+  "progress=silent",
+  "checkpoint_period=100",
+  "override_model_config=true",
+  "routed_bias_update_rate=0.05",
+]
 
 
 def _train(tmp_path, name, *extra, devices=1):
@@ -35,8 +42,9 @@ def test_dropless_block_matches_stock_maxtext(tmp_path):
 
 def test_expert_parallel_8_matches_fsdp_8_in_the_trainer(tmp_path):
   ep1 = _train(tmp_path, "ep1", "per_device_batch_size=1", devices=8)
-  ep8 = _train(tmp_path, "ep8", "per_device_batch_size=1", "ici_expert_parallelism=8", "ici_fsdp_parallelism=1",
-               devices=8)
+  ep8 = _train(
+    tmp_path, "ep8", "per_device_batch_size=1", "ici_expert_parallelism=8", "ici_fsdp_parallelism=1", devices=8
+  )
   _assert_same_training(ep8, ep1)
   for row in ep8:
     assert row["moe/tokens_dropped"] == 0

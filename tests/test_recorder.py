@@ -7,20 +7,32 @@ from maxtext_moe.launch.recorder import RunRecorder, read_jsonl, step_row, summa
 
 
 def _scalars(loss, tokens=100.0):
-  return {"learning/loss": loss, "perf/per_device_tokens_per_sec": tokens, "perf/per_device_tflops_per_sec": 0.5,
-          "moe/tokens_dropped": 0.0, "learning/other": 1.0}
+  return {
+    "learning/loss": loss,
+    "perf/per_device_tokens_per_sec": tokens,
+    "perf/per_device_tflops_per_sec": 0.5,
+    "moe/tokens_dropped": 0.0,
+    "learning/other": 1.0,
+  }
 
 
 def test_step_row_scales_tokens_by_devices_and_keeps_moe_metrics():
   row = step_row(3, _scalars(2.0, tokens=10.0), num_devices=8)
-  assert row == {"step": 3, "loss": 2.0, "tflops_per_s_per_device": 0.5, "tokens_per_s": 80.0,
-                 "moe/tokens_dropped": 0.0}
+  assert row == {
+    "step": 3,
+    "loss": 2.0,
+    "tflops_per_s_per_device": 0.5,
+    "tokens_per_s": 80.0,
+    "moe/tokens_dropped": 0.0,
+  }
 
 
 def test_resume_drops_rows_at_or_after_the_restored_step(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text("".join(json.dumps({"step": s, "loss": 9.0 - s}) + "\n" for s in range(6)))
-  rec = RunRecorder(run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO())
+  rec = RunRecorder(
+    run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO()
+  )
   rec.start(None, start_step=4)
   rec(4, _scalars(1.5))
   rec.finish()

@@ -29,8 +29,8 @@ def test_only_the_adapter_imports_maxtext():
 
   pkg = pathlib.Path(importlib.import_module("maxtext_moe").__file__).parent
   offenders = [
-      str(p.relative_to(pkg))
-      for p in pkg.rglob("*.py")
-      if p.name != "maxtext_adapter.py" and re.search(r"^\s*(from|import) maxtext(\.| )", p.read_text(), re.M)
+    str(p.relative_to(pkg))
+    for p in pkg.rglob("*.py")
+    if p.name != "maxtext_adapter.py" and re.search(r"^\s*(from|import) maxtext(\.| )", p.read_text(), re.M)
   ]
   assert offenders == []

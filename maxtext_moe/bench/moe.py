@@ -25,9 +25,15 @@ from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul
 GEMM = {"rows": 8192, "dim": 256, "hidden": 512, "experts": 64}
 DEDUP = {"ep": 8, "tokens": 16384, "experts": 64, "top_k": 8}
 LAYER_OVERRIDES = [
-    "override_model_config=true", "base_emb_dim=256", "base_moe_mlp_dim=512", "num_experts=64",
-    "num_experts_per_tok=8", "n_routing_groups=8", "topk_routing_group=4", "per_device_batch_size=4",
-    "max_target_length=256",
+  "override_model_config=true",
+  "base_emb_dim=256",
+  "base_moe_mlp_dim=512",
+  "num_experts=64",
+  "num_experts_per_tok=8",
+  "n_routing_groups=8",
+  "topk_routing_group=4",
+  "per_device_batch_size=4",
+  "max_target_length=256",
 ]
 # Each backend's timing repetitions: ragged_dot runs at ~1.5% of dense on CPU, so fewer.
 _REPS = {GemmBackend.RAGGED_DOT: 2}
@@ -72,14 +78,15 @@ def layer_times(*, reps: int = 3) -> tuple[dict[str, float], dict[str, float]]:
   from maxtext_moe.config.recipes import DEFAULT_RECIPE, recipe_path
 
   variants = {
-      "maxtext_sparse": ["moe_impl=maxtext", "sparse_matmul=true"],
-      "maxtext_dense": ["moe_impl=maxtext", "sparse_matmul=false"],
-      "ours": ["moe_impl=dropless", "sparse_matmul=true"],
+    "maxtext_sparse": ["moe_impl=maxtext", "sparse_matmul=true"],
+    "maxtext_dense": ["moe_impl=maxtext", "sparse_matmul=false"],
+    "ours": ["moe_impl=dropless", "sparse_matmul=true"],
   }
   times, outputs = {}, {}
   for name, extra in variants.items():
     fwd, fwd_bwd, params, x, ctx = maxtext_adapter.routed_moe_loss_and_grad(
-        recipe_path(DEFAULT_RECIPE), [*LAYER_OVERRIDES, *extra])
+      recipe_path(DEFAULT_RECIPE), [*LAYER_OVERRIDES, *extra]
+    )
     with ctx():
       outputs[name] = fwd(params, x)
       times[name] = time_call(fwd_bwd, params, x, reps=1 if name == "maxtext_sparse" else reps)
@@ -111,12 +118,16 @@ def _dedup_in_process() -> dict[str, float]:
   weights = jax.nn.sigmoid(top)
   w = jnp.zeros((e, d, f)), jnp.zeros((e, d, f)), jnp.zeros((e, f, d))
   mesh = Mesh(np.array(jax.devices()[:ep]), ("expert",))
-  run = jax.jit(lambda *a: moe_block(*a, mesh=mesh, expert_axis="expert",
-                                     settings=MoESettings(dispatch=DispatchKind.ALL_TO_ALL))[1])
+  run = jax.jit(
+    lambda *a: moe_block(*a, mesh=mesh, expert_axis="expert", settings=MoESettings(dispatch=DispatchKind.ALL_TO_ALL))[1]
+  )
   stats = run(x, ids, weights, *w)
   expected = permute.expected_distinct_ranks(num_experts=e, top_k=k, num_ranks=ep) / k
-  return {"measured": float(stats["rows_sent"] / stats["rows_sent_no_dedup"]), "expected": expected,
-          "dropped": float(stats["dropped"])}
+  return {
+    "measured": float(stats["rows_sent"] / stats["rows_sent_no_dedup"]),
+    "expected": expected,
+    "dropped": float(stats["dropped"]),
+  }
 
 
 def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str, Any]:
@@ -129,16 +140,16 @@ def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str
   times, diffs = layer_times()
   dedup = dedup_measurement()
   result = {
-      "platform": jax.default_backend(),
-      "gemm_shape": GEMM,
-      "gemm_efficiency": eff,
-      "layer_seconds": times,
-      "layer_max_abs_diff_vs_dense": diffs,
-      "layer_speedup_vs_maxtext_sparse": times["maxtext_sparse"] / times["ours"],
-      "layer_speedup_vs_maxtext_dense": times["maxtext_dense"] / times["ours"],
-      "dedup_wire_ratio": dedup["measured"],
-      "dedup_expected_ratio": dedup["expected"],
-      "dedup_tokens_dropped": dedup["dropped"],
+    "platform": jax.default_backend(),
+    "gemm_shape": GEMM,
+    "gemm_efficiency": eff,
+    "layer_seconds": times,
+    "layer_max_abs_diff_vs_dense": diffs,
+    "layer_speedup_vs_maxtext_sparse": times["maxtext_sparse"] / times["ours"],
+    "layer_speedup_vs_maxtext_dense": times["maxtext_dense"] / times["ours"],
+    "dedup_wire_ratio": dedup["measured"],
+    "dedup_expected_ratio": dedup["expected"],
+    "dedup_tokens_dropped": dedup["dropped"],
   }
   table = Table(title=f"MoE benchmark ({result['platform']}; ratios to baselines measured in this run)")
   table.add_column("row")

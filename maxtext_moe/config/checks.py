@@ -54,8 +54,8 @@ def _fits(cfg: Any, *, prefix: str, n: int, where: str) -> None:
     return
   rel = "divide" if has_auto else "equal"
   raise ValueError(
-      f"impossible layout: the {prefix}*{_SUFFIX} product is {size} but must {rel} the {n} {where}; "
-      f"change the parallelism degrees (or set one {prefix}*{_SUFFIX} to -1)"
+    f"impossible layout: the {prefix}*{_SUFFIX} product is {size} but must {rel} the {n} {where}; "
+    f"change the parallelism degrees (or set one {prefix}*{_SUFFIX} to -1)"
   )
 
 
@@ -79,8 +79,8 @@ def check_experts_divisible_by_ep(cfg: Any) -> None:
   ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
   if cfg.num_experts > 1 and cfg.num_experts % ep:
     raise ValueError(
-        f"impossible layout: num_experts={cfg.num_experts} is not divisible by expert parallelism {ep} "
-        f"(ici_expert_parallelism x dcn_expert_parallelism); pick an EP degree that divides {cfg.num_experts}"
+      f"impossible layout: num_experts={cfg.num_experts} is not divisible by expert parallelism {ep} "
+      f"(ici_expert_parallelism x dcn_expert_parallelism); pick an EP degree that divides {cfg.num_experts}"
     )
 
 
@@ -96,8 +96,8 @@ def check_topk_routing(cfg: Any) -> None:
       raise ValueError(f"topk_routing_group={topk_groups} must be in 1..n_routing_groups={groups}")
     if topk_groups * (cfg.num_experts // groups) < cfg.num_experts_per_tok:
       raise ValueError(
-          f"group-limited routing keeps {topk_groups} groups of {cfg.num_experts // groups} experts, "
-          f"fewer than num_experts_per_tok={cfg.num_experts_per_tok}"
+        f"group-limited routing keeps {topk_groups} groups of {cfg.num_experts // groups} experts, "
+        f"fewer than num_experts_per_tok={cfg.num_experts_per_tok}"
       )
 
 
@@ -114,13 +114,14 @@ def check_dropless_block_applies(cfg: Any) -> None:
   if str(cfg.moe_dispatch) == "local" and ep > 1:
     raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
   unsupported = {
-      "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
-      "mlp_bias": bool(cfg.mlp_bias),
-      "mlp_activations_limit": getattr(cfg, "mlp_activations_limit", 0.0) > 0,
-      f"decoder_block={cfg.decoder_block}": str(getattr(cfg.decoder_block, "value", cfg.decoder_block))
-      in ("llama4", "gpt_oss"),
-      f"mlp_activations={list(cfg.mlp_activations)}": len(cfg.mlp_activations) != 2
-      or cfg.mlp_activations[1] != "linear" or cfg.mlp_activations[0] not in ("silu", "gelu", "relu"),
+    "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
+    "mlp_bias": bool(cfg.mlp_bias),
+    "mlp_activations_limit": getattr(cfg, "mlp_activations_limit", 0.0) > 0,
+    f"decoder_block={cfg.decoder_block}": str(getattr(cfg.decoder_block, "value", cfg.decoder_block))
+    in ("llama4", "gpt_oss"),
+    f"mlp_activations={list(cfg.mlp_activations)}": len(cfg.mlp_activations) != 2
+    or cfg.mlp_activations[1] != "linear"
+    or cfg.mlp_activations[0] not in ("silu", "gelu", "relu"),
   }
   bad = [k for k, v in unsupported.items() if v]
   if bad:
@@ -128,9 +129,9 @@ def check_dropless_block_applies(cfg: Any) -> None:
 
 
 ALL_CHECKS = (
-    check_one_auto_axis,
-    check_layout_fits_devices,
-    check_experts_divisible_by_ep,
-    check_topk_routing,
-    check_dropless_block_applies,
+  check_one_auto_axis,
+  check_layout_fits_devices,
+  check_experts_divisible_by_ep,
+  check_topk_routing,
+  check_dropless_block_applies,
 )

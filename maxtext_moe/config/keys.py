@@ -45,36 +45,37 @@ class PluginKeys(BaseModel):
 
   recipe_hardware: Hardware = Field(Hardware.CPU, description="Hardware the recipe is laid out for.")
   recipe_num_devices: int = Field(
-      -1,
-      description="Total devices the recipe's parallelism layout expects; -1 means whatever is visible. "
-      "The launcher refuses to start when the visible device count differs.",
+    -1,
+    description="Total devices the recipe's parallelism layout expects; -1 means whatever is visible. "
+    "The launcher refuses to start when the visible device count differs.",
   )
   moe_impl: MoEImpl = Field(
-      MoEImpl.DROPLESS,
-      description="dropless: our block replaces MaxText's sparse_matmul (needs sparse_matmul=true); "
-      "maxtext: MaxText's own expert computation.",
+    MoEImpl.DROPLESS,
+    description="dropless: our block replaces MaxText's sparse_matmul (needs sparse_matmul=true); "
+    "maxtext: MaxText's own expert computation.",
   )
   moe_dispatch: DispatchKind = Field(
-      DispatchKind.AUTO,
-      description="Token dispatch: local (no expert parallelism), all_to_all (portable, deduplicated per "
-      "destination rank), auto (local at EP=1, all_to_all otherwise).",
+    DispatchKind.AUTO,
+    description="Token dispatch: local (no expert parallelism), all_to_all (portable, deduplicated per "
+    "destination rank), auto (local at EP=1, all_to_all otherwise).",
   )
   moe_gemm_backend: GemmBackend = Field(
-      GemmBackend.AUTO,
-      description="Grouped GEMM: tiled (fast portable loop over expert tiles), ragged_dot (jax.lax), tokamax, "
-      "auto (tiled on CPU, ragged_dot elsewhere).",
+    GemmBackend.AUTO,
+    description="Grouped GEMM: tiled (fast portable loop over expert tiles), ragged_dot (jax.lax), tokamax, "
+    "auto (tiled on CPU, ragged_dot elsewhere).",
   )
   moe_capacity_factor: float = Field(
-      0.0,
-      description="<= 0: dropless (buffers sized for the worst case). > 0: all_to_all buffers hold "
-      "ceil(factor * tokens * top_k / EP) rows per rank; overflow is counted in moe/tokens_dropped.",
+    0.0,
+    description="<= 0: dropless (buffers sized for the worst case). > 0: all_to_all buffers hold "
+    "ceil(factor * tokens * top_k / EP) rows per rank; overflow is counted in moe/tokens_dropped.",
   )
   progress: Progress = Field(Progress.AUTO, description="Per-step progress display of the launcher.")
   metrics_jsonl: str = Field(
-      "metrics.jsonl", description="Per-step metrics file, relative to the run directory (one JSON object per step)."
+    "metrics.jsonl", description="Per-step metrics file, relative to the run directory (one JSON object per step)."
   )
-  loss_plot: str = Field("loss.png", description="Loss-curve PNG written at the end, relative to the run directory; "
-                         "empty to skip.")
+  loss_plot: str = Field(
+    "loss.png", description="Loss-curve PNG written at the end, relative to the run directory; empty to skip."
+  )
 
 
 PLUGIN_KEY_NAMES: tuple[str, ...] = tuple(PluginKeys.model_fields)

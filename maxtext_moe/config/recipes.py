@@ -26,9 +26,7 @@ def configs_dir() -> Path:
 def list_recipes() -> list[str]:
   """All shipped recipe names, e.g. ['b200x8/deepseek3-proxy-16b', ..., 'cpu/deepseek3-tiny']."""
   root = configs_dir() / "recipes"
-  return sorted(
-      str(p.relative_to(root).with_suffix("")) for p in root.glob("*/*.yml") if p.parent.name != "models"
-  )
+  return sorted(str(p.relative_to(root).with_suffix("")) for p in root.glob("*/*.yml") if p.parent.name != "models")
 
 
 def recipe_path(name: str) -> Path:

@@ -23,8 +23,17 @@ _LOCK = threading.Lock()
 def pack(stats: dict[str, jax.Array], *, itemsize: int, dim: int) -> jax.Array:
   """One layer's stats as a float32 vector in FIELDS order."""
   load = stats["load"]
-  return jnp.stack([jnp.max(load), jnp.mean(load), stats["dropped"], stats["rows_sent"],
-                    stats["rows_sent_no_dedup"], stats["buffer_rows"], jnp.float32(itemsize * dim)]).astype(jnp.float32)
+  return jnp.stack(
+    [
+      jnp.max(load),
+      jnp.mean(load),
+      stats["dropped"],
+      stats["rows_sent"],
+      stats["rows_sent_no_dedup"],
+      stats["buffer_rows"],
+      jnp.float32(itemsize * dim),
+    ]
+  ).astype(jnp.float32)
 
 
 def reduce_layers(found: list[jax.Array]) -> jax.Array:
@@ -56,6 +65,11 @@ def pop_step(config: Any) -> dict[str, float]:
   if dropped and float(getattr(config, "moe_capacity_factor", 0.0)) <= 0:
     raise RuntimeError(f"dropless MoE block dropped {dropped:.0f} assignments; this is a bug, please report it")
   row_bytes = vecs[0][4]
-  return {"moe/load_max_over_mean": ratio, "moe/tokens_dropped": dropped, "moe/dispatch_rows": rows,
-          "moe/dispatch_rows_no_dedup": rows_naive, "moe/dispatch_bytes": rows * row_bytes,
-          "moe/dispatch_bytes_no_dedup": rows_naive * row_bytes}
+  return {
+    "moe/load_max_over_mean": ratio,
+    "moe/tokens_dropped": dropped,
+    "moe/dispatch_rows": rows,
+    "moe/dispatch_rows_no_dedup": rows_naive,
+    "moe/dispatch_bytes": rows * row_bytes,
+    "moe/dispatch_bytes_no_dedup": rows_naive * row_bytes,
+  }

@@ -16,12 +16,12 @@ from typing import IO, Any
 
 # MaxText scalar name -> our JSONL field.
 _FIELDS = {
-    "learning/loss": "loss",
-    "perf/step_time_seconds": "step_time_s",
-    "perf/per_device_tflops_per_sec": "tflops_per_s_per_device",
-    "learning/current_learning_rate": "learning_rate",
-    "learning/grad_norm": "grad_norm",
-    "learning/raw_grad_norm": "raw_grad_norm",
+  "learning/loss": "loss",
+  "perf/step_time_seconds": "step_time_s",
+  "perf/per_device_tflops_per_sec": "tflops_per_s_per_device",
+  "learning/current_learning_rate": "learning_rate",
+  "learning/grad_norm": "grad_norm",
+  "learning/raw_grad_norm": "raw_grad_norm",
 }
 _MOE_PREFIX = "moe/"
 
@@ -103,8 +103,11 @@ class RunRecorder:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     self._bar = Progress(
-        TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
+      TextColumn("[bold]train"),
+      BarColumn(),
+      MofNCompleteColumn(),
+      TimeRemainingColumn(),
+      TextColumn("{task.fields[info]}"),
     )
     self._bar.start()
     self._task = self._bar.add_task("train", total=self.total_steps, completed=self.start_step, info="compiling")
@@ -155,12 +158,14 @@ def format_summary(s: dict[str, Any]) -> str:
   if "final_loss" in s:
     drop = 100 * (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") else 0.0
     lines.append(
-        f"  loss        {s['first_loss']:.4f} (step {s['first_step'] + 1}) -> {s['final_loss']:.4f} "
-        f"(step {s['final_step'] + 1}), {drop:.0f}% lower"
+      f"  loss        {s['first_loss']:.4f} (step {s['first_step'] + 1}) -> {s['final_loss']:.4f} "
+      f"(step {s['final_step'] + 1}), {drop:.0f}% lower"
     )
   if "tokens_per_s" in s:
-    lines.append(f"  throughput  {s['tokens_per_s']:,.0f} tokens/s, {s.get('tflops_per_s_per_device', 0):.3f} "
-                 "TFLOP/s per device (median, first step excluded)")
+    lines.append(
+      f"  throughput  {s['tokens_per_s']:,.0f} tokens/s, {s.get('tflops_per_s_per_device', 0):.3f} "
+      "TFLOP/s per device (median, first step excluded)"
+    )
   lines.append(f"  metrics     {s['metrics']}")
   if "loss_plot" in s:
     lines.append(f"  loss plot   {s['loss_plot']}")

@@ -33,9 +33,9 @@ def check_visible_devices(cfg: Any, *, visible: int) -> None:
   want = cfg.recipe_num_devices
   if want > 0 and want != visible:
     hint = (
-        f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={want}"
-        if cfg.hardware == "cpu"
-        else "; run it on the hardware it names or override recipe_num_devices and the parallelism"
+      f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={want}"
+      if cfg.hardware == "cpu"
+      else "; run it on the hardware it names or override recipe_num_devices and the parallelism"
     )
     raise UserError(f"recipe lays out {want} devices but {visible} are visible{hint}")
   try:
@@ -81,18 +81,25 @@ def train(recipe: str | None, overrides: list[str], *, verbose: bool = False) ->
   check_visible_devices(cfg, visible=jax.device_count())
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
   recorder = RunRecorder(
-      run_dir=run_dir, total_steps=cfg.steps, num_devices=jax.device_count(), metrics_name=cfg.metrics_jsonl,
-      plot_name=cfg.loss_plot, progress=str(cfg.progress),
+    run_dir=run_dir,
+    total_steps=cfg.steps,
+    num_devices=jax.device_count(),
+    metrics_name=cfg.metrics_jsonl,
+    plot_name=cfg.loss_plot,
+    progress=str(cfg.progress),
   )
-  print(f"maxtext-moe: training {cfg.model_name} from {path.name} on {jax.device_count()} {jax.default_backend()} "
-        f"device(s); run directory {run_dir}", flush=True)
+  print(
+    f"maxtext-moe: training {cfg.model_name} from {path.name} on {jax.device_count()} {jax.default_backend()} "
+    f"device(s); run directory {run_dir}",
+    flush=True,
+  )
   try:
     maxtext_adapter.run_trainer(path, full, on_start=recorder.start)
   except RuntimeError as e:
     if "checkpoint already exists" in str(e):
       raise UserError(
-          f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {run_dir / 'checkpoints'}); "
-          f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
+        f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {run_dir / 'checkpoints'}); "
+        f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
       ) from e
     raise
   return recorder.finish()

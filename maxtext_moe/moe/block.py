@@ -73,8 +73,9 @@ def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
   return jnp.bincount(ids_TK.reshape(-1), length=num_experts).astype(jnp.float32)
 
 
-def moe_block(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, expert_axis: str | None,
-              settings: MoESettings):
+def moe_block(
+  x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, expert_axis: str | None, settings: MoESettings
+):
   """Runs `routed_experts` on every device of `mesh`. Returns (y_TD, stats) with stats summed over devices.
 
   Tokens are split over all mesh axes of size > 1 (T must divide evenly); expert weights are split over
@@ -99,6 +100,7 @@ def moe_block(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, e
       stats = jax.lax.psum(stats, token_axes)
     return y, stats
 
-  fn = jax.shard_map(per_device, mesh=mesh, in_specs=(tok, tok, tok, wspec, wspec, wspec),
-                     out_specs=(tok, P()), check_vma=False)
+  fn = jax.shard_map(
+    per_device, mesh=mesh, in_specs=(tok, tok, tok, wspec, wspec, wspec), out_specs=(tok, P()), check_vma=False
+  )
   return fn(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD)

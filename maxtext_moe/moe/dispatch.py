@@ -52,8 +52,14 @@ class LocalDispatcher:
   def stats(self, ids_TK: jax.Array) -> dict[str, jax.Array]:
     t, k = ids_TK.shape
     zero = jnp.zeros((), jnp.float32)
-    return {"rows_sent": zero, "rows_sent_no_dedup": zero, "buffer_rows": zero, "dropped": zero,
-            "tokens": jnp.float32(t), "assignments": jnp.float32(t * k)}
+    return {
+      "rows_sent": zero,
+      "rows_sent_no_dedup": zero,
+      "buffer_rows": zero,
+      "dropped": zero,
+      "tokens": jnp.float32(t),
+      "assignments": jnp.float32(t * k),
+    }
 
 
 @jax.tree_util.register_dataclass
@@ -102,12 +108,17 @@ class AllToAllDispatcher:
     send_x = jnp.zeros((p_n, cap, x_TD.shape[1]), x_TD.dtype)
     send_x = send_x.at[p_TP, slot_TP].set(jnp.broadcast_to(x_TD[:, None], (t, p_n, x_TD.shape[1])), mode="drop")
     # Local expert id per (token, k) on each rank; e_l marks "not on this rank" (sorted last, no group).
-    send_ids = jnp.full((p_n, cap, k), e_l, jnp.int32).at[p_TP, slot_TP].set(
-        jnp.where(on_rank_TPK, local_TK[:, None, :], e_l).astype(jnp.int32), mode="drop")
-    send_w = jnp.zeros((p_n, cap, k), weights_TK.dtype).at[p_TP, slot_TP].set(
-        jnp.where(on_rank_TPK, weights_TK[:, None, :], 0), mode="drop")
-    recv_x, recv_ids, recv_w = (
-        jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True) for a in (send_x, send_ids, send_w))
+    send_ids = (
+      jnp.full((p_n, cap, k), e_l, jnp.int32)
+      .at[p_TP, slot_TP]
+      .set(jnp.where(on_rank_TPK, local_TK[:, None, :], e_l).astype(jnp.int32), mode="drop")
+    )
+    send_w = (
+      jnp.zeros((p_n, cap, k), weights_TK.dtype)
+      .at[p_TP, slot_TP]
+      .set(jnp.where(on_rank_TPK, weights_TK[:, None, :], 0), mode="drop")
+    )
+    recv_x, recv_ids, recv_w = (jax.lax.all_to_all(a, self.axis, 0, 0, tiled=True) for a in (send_x, send_ids, send_w))
     order_S, sizes = permute.sort_by_expert(recv_ids.reshape(p_n * cap, k), num_experts=e_l + 1)
     rows_SD = recv_x.reshape(p_n * cap, -1)[order_S // k]
     return rows_SD, sizes[:e_l], AllToAllMeta(keep_TP, slot_TP, order_S, recv_w)
@@ -128,6 +139,11 @@ class AllToAllDispatcher:
     per_rank_TP = jnp.sum(ids_TK[:, None, :] // self.local_experts == jnp.arange(self.num_ranks)[None, :, None], -1)
     dropped = jnp.sum(jnp.where(needs_TP & ~keep_TP, per_rank_TP, 0))
     f32 = jnp.float32
-    return {"rows_sent": jnp.sum(keep_TP).astype(f32), "rows_sent_no_dedup": f32(t * k),
-            "buffer_rows": f32(self.num_ranks * cap), "dropped": dropped.astype(f32),
-            "tokens": f32(t), "assignments": f32(t * k)}
+    return {
+      "rows_sent": jnp.sum(keep_TP).astype(f32),
+      "rows_sent_no_dedup": f32(t * k),
+      "buffer_rows": f32(self.num_ranks * cap),
+      "dropped": dropped.astype(f32),
+      "tokens": f32(t),
+      "assignments": f32(t * k),
+    }

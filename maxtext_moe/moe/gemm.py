@@ -66,8 +66,9 @@ def _tiles_matmul(rows_RD: jax.Array, w_EDF: jax.Array, plans: list[TilePlan], *
     def body(i, out, plan=plan):
       start, m = plan.start_N[i], plan.tile_rows
       w = lax.dynamic_index_in_dim(w_EDF, plan.expert_N[i], keepdims=False)
-      y = jnp.dot(lax.dynamic_slice_in_dim(rows, start, m), w.T if transpose else w,
-                  preferred_element_type=rows_RD.dtype)
+      y = jnp.dot(
+        lax.dynamic_slice_in_dim(rows, start, m), w.T if transpose else w, preferred_element_type=rows_RD.dtype
+      )
       y = jnp.where(_row_mask(plan, i), y, lax.dynamic_slice_in_dim(out, start, m))
       return lax.dynamic_update_slice_in_dim(out, y, start, 0)
 
@@ -115,12 +116,12 @@ _tiled.defvjp(_tiled_fwd, _tiled_bwd)
 
 
 def grouped_matmul(
-    rows_RD: jax.Array,
-    w_EDF: jax.Array,
-    group_sizes_E: jax.Array,
-    *,
-    backend: GemmBackend | str = GemmBackend.AUTO,
-    tile_sizes: tuple[int, ...] | None = None,
+  rows_RD: jax.Array,
+  w_EDF: jax.Array,
+  group_sizes_E: jax.Array,
+  *,
+  backend: GemmBackend | str = GemmBackend.AUTO,
+  tile_sizes: tuple[int, ...] | None = None,
 ) -> jax.Array:
   """out[r] = rows[r] @ w[e(r)], where rows are sorted by expert and group_sizes_E[e] rows belong to e.
 

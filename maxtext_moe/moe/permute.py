@@ -91,7 +91,8 @@ def tile_plan(group_sizes_E: jax.Array, *, num_rows: int, tile_sizes: tuple[int,
     expert_N = jnp.minimum(jnp.searchsorted(cum_E, i_N, side="right"), num_experts - 1)
     first_row_N = start_E[expert_N] + covered_E[expert_N] + (i_N - (cum_E[expert_N] - tiles_E[expert_N])) * m
     valid_N = jnp.clip(start_E[expert_N] + group_sizes_E[expert_N] - first_row_N, 0, m)
-    plans.append(TilePlan(m, expert_N.astype(jnp.int32), first_row_N.astype(jnp.int32),
-                          valid_N.astype(jnp.int32), cum_E[-1]))
+    plans.append(
+      TilePlan(m, expert_N.astype(jnp.int32), first_row_N.astype(jnp.int32), valid_N.astype(jnp.int32), cum_E[-1])
+    )
     covered_E = covered_E + tiles_E * m
   return plans
