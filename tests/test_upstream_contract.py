@@ -34,3 +34,23 @@ def test_only_the_adapter_imports_maxtext():
     if p.name != "maxtext_adapter.py" and re.search(r"^\s*(from|import) maxtext(\.| )", p.read_text(), re.M)
   ]
   assert offenders == []
+
+
+def test_moe_math_imports_and_runs_without_maxtext():
+  """maxtext_moe.moe must work on a bare JAX install (e.g. the GPU bench machine)."""
+  import subprocess
+  import sys
+
+  code = (
+    "import sys; sys.modules['maxtext'] = None\n"  # any `import maxtext...` now fails
+    "import jax.numpy as jnp\n"
+    "from maxtext_moe.moe.block import MoESettings, routed_experts\n"
+    "from maxtext_moe.moe.dispatch import LocalDispatcher\n"
+    "import maxtext_moe.bench.moe\n"
+    "x = jnp.ones((4, 8)); w = jnp.ones((2, 8, 8)) / 8\n"
+    "y, _ = routed_experts(x, jnp.array([[0], [1], [1], [0]]), jnp.ones((4, 1)), w, w, w,\n"
+    "                      dispatcher=LocalDispatcher(2), settings=MoESettings())\n"
+    "assert y.shape == (4, 8)\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-2000:]
