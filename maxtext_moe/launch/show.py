@@ -8,7 +8,7 @@ _SKIP = {"base_config"}  # a loader meta-key, always differs
 
 
 def _fmt(v: Any) -> str:
-  return getattr(v, "value", v).__repr__() if hasattr(v, "value") else repr(v)
+  return repr(getattr(v, "value", v))  # enums print as their value
 
 
 def config_diff(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -44,21 +44,18 @@ def check_visible_devices(cfg: Any, *, visible: int) -> None:
     raise UserError(str(e)) from e
 
 
-def _parse_overrides(overrides: list[str]) -> dict[str, str]:
-  out = {}
+def _check_overrides(overrides: list[str]) -> None:
   for item in overrides:
-    key, sep, value = item.partition("=")
+    key, sep, _ = item.partition("=")
     if not sep or not key:
       raise UserError(f"expected key=value, got '{item}'")
-    out[key] = value
-  return out
 
 
 def prepare(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str], Any]:
   """Resolves and validates the recipe plus overrides; returns (config path, full overrides, config)."""
   from maxtext_moe import maxtext_adapter
 
-  _parse_overrides(overrides)
+  _check_overrides(overrides)
   path = recipes.recipe_path(recipe or recipes.DEFAULT_RECIPE)
   cfg = maxtext_adapter.resolve(path, overrides)
   full = [*overrides, *derived_overrides(cfg)]
