@@ -58,7 +58,7 @@ def _mesh(ep):
 
 @functools.cache
 def _block(ep, dispatch=DispatchKind.AUTO, cf=0.0):
-  settings = MoESettings(dispatch=dispatch, capacity_factor=cf, tile_sizes=(8, 2))
+  settings = MoESettings(dispatch=dispatch, capacity_factor=cf, window_sizes=(2, 8))
   return jax.jit(functools.partial(moe_block, mesh=_mesh(ep), expert_axis="expert", settings=settings))
 
 
@@ -86,7 +86,7 @@ def test_all_to_all_roundtrip_is_identity(ep):
   x, ids, _ = _tokens()
   uniform = jnp.full((T, K), 1.0 / K)
   eye = jnp.broadcast_to(jnp.eye(D), (E, D, D))
-  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL if ep > 1 else DispatchKind.LOCAL, tile_sizes=(8,))
+  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL if ep > 1 else DispatchKind.LOCAL, window_sizes=(8,))
   from maxtext_moe.moe import block
 
   orig = block.expert_mlp
@@ -104,7 +104,7 @@ def test_local_layer_matches_loop_reference(routing):
   x, ids, weights = _tokens(routing)
   w = _weights()
   run = jax.jit(
-    functools.partial(routed_experts, dispatcher=LocalDispatcher(E), settings=MoESettings(tile_sizes=(8, 2)))
+    functools.partial(routed_experts, dispatcher=LocalDispatcher(E), settings=MoESettings(window_sizes=(2, 8)))
   )
   y, _ = run(x, ids, weights, *w)
   np.testing.assert_allclose(y, _reference(x, ids, weights, *w), **TOL)

@@ -39,7 +39,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_forward_matches_loop(backend, case):
   rows, w, sizes = _case(CASES[case][0], extra_rows=CASES[case][1])
-  got = grouped_matmul(rows, w, sizes, backend=backend, tile_sizes=(8, 2))
+  got = grouped_matmul(rows, w, sizes, backend=backend, window_sizes_L=(2, 8))
   np.testing.assert_allclose(got, _loop_reference(rows, w, sizes), rtol=1e-5, atol=1e-5)
 
 
@@ -51,7 +51,9 @@ def test_gradients_match_loop(backend):
   def loss(fn):
     return lambda r, ww: jnp.sum(fn(r, ww) * cot)
 
-  ours = jax.grad(loss(lambda r, ww: grouped_matmul(r, ww, sizes, backend=backend, tile_sizes=(8, 2))), (0, 1))(rows, w)
+  ours = jax.grad(loss(lambda r, ww: grouped_matmul(r, ww, sizes, backend=backend, window_sizes_L=(2, 8))), (0, 1))(
+    rows, w
+  )
   ref = jax.grad(loss(lambda r, ww: _loop_reference(r, ww, sizes)), (0, 1))(rows, w)
   for a, b in zip(ours, ref, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -59,7 +61,7 @@ def test_gradients_match_loop(backend):
 
 def test_tiled_under_jit_with_traced_group_sizes():
   rows, w, sizes = _case([7, 1, 0, 9])
-  jitted = jax.jit(lambda r, ww, s: grouped_matmul(r, ww, s, backend="tiled", tile_sizes=(4,)))
+  jitted = jax.jit(lambda r, ww, s: grouped_matmul(r, ww, s, backend="tiled", window_sizes_L=(4,)))
   np.testing.assert_allclose(jitted(rows, w, sizes), _loop_reference(rows, w, sizes), rtol=1e-5, atol=1e-5)
 
 

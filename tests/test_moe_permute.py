@@ -43,26 +43,35 @@ def test_expected_distinct_ranks_worked_example_and_enumeration():
   assert permute.expected_distinct_ranks(num_experts=e, top_k=k, num_ranks=p) == pytest.approx(exact)
 
 
-def test_tile_plan_worked_example():
-  big, small = permute.tile_plan(jnp.array([5, 0, 2]), num_rows=7, tile_sizes=(4, 2))
-  assert (big.tile_rows, int(big.count)) == (4, 1)
-  assert (big.expert_N[:1].tolist(), big.start_N[:1].tolist(), big.valid_N[:1].tolist()) == ([0], [0], [4])
-  assert (small.tile_rows, int(small.count)) == (2, 2)
-  assert small.expert_N[:2].tolist() == [0, 2]
-  assert small.start_N[:2].tolist() == [4, 5]
-  assert small.valid_N[:2].tolist() == [1, 2]
+def test_window_sizes_worked_example_and_waste_bound():
+  assert permute.window_sizes(100, smallest=16) == (16, 32, 48, 64, 80, 96, 100)
+  sizes = permute.window_sizes(8192)
+  assert sizes[-1] == 8192 and all(m % 16 == 0 for m in sizes)
+  for n in range(1, 8193, 7):
+    m = next(m for m in sizes if m >= n)
+    assert m - n < max(16, 0.125 * n), (n, m)
 
 
-@pytest.mark.parametrize("sizes", [[0, 0, 9], [9, 0, 0], [1, 1, 1], [4, 4, 1], [0, 0, 0], [33, 2, 70]])
-def test_tile_plan_covers_every_row_once(sizes):
+def test_window_plan_worked_example():
+  plan = permute.window_plan(jnp.array([5, 0, 2]), num_rows=7, sizes=(2, 4, 7))
+  assert plan.level_E.tolist() == [2, -1, 0]
+  assert plan.start_E.tolist() == [0, 5, 5]
+  assert plan.window_start_E.tolist() == [0, 5, 5]
+
+
+@pytest.mark.parametrize("sizes", [[0, 0, 9], [9, 0, 0], [1, 1, 1], [4, 4, 1], [0, 0, 0], [33, 2, 70], [3, 0, 1]])
+def test_window_plan_windows_hold_each_expert_and_stay_in_bounds(sizes):
   sizes_E = jnp.array(sizes)
-  total = int(sizes_E.sum())
-  hits = np.zeros(total + 64, int)
-  expert_of_row = np.repeat(np.arange(3), sizes)
-  for plan in permute.tile_plan(sizes_E, num_rows=max(total, 1), tile_sizes=(16, 4)):
-    for i in range(int(plan.count)):
-      s, v, e = int(plan.start_N[i]), int(plan.valid_N[i]), int(plan.expert_N[i])
-      assert v >= 1
-      hits[s : s + v] += 1
-      assert (expert_of_row[s : s + v] == e).all()
-  assert hits[:total].tolist() == [1] * total and hits[total:].sum() == 0
+  num_rows = max(int(sizes_E.sum()) + 2, 1)
+  ladder = permute.window_sizes(num_rows, smallest=4)
+  plan = permute.window_plan(sizes_E, num_rows=num_rows, sizes=ladder)
+  start = np.cumsum([0, *sizes[:-1]])
+  for e, n in enumerate(sizes):
+    level = int(plan.level_E[e])
+    if n == 0:
+      assert level == -1
+      continue
+    m, first = ladder[level], int(plan.window_start_E[e])
+    assert m >= n and (level == 0 or ladder[level - 1] < n)  # the smallest window that holds e's rows
+    assert 0 <= first and first + m <= num_rows
+    assert first <= start[e] and start[e] + n <= first + m

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from maxtext_moe.moe.dispatch import AllToAllDispatcher, LocalDispatcher
-from maxtext_moe.moe.gemm import DEFAULT_TILE_SIZES, GemmBackend, grouped_matmul
+from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul
 
 
 class DispatchKind(StrEnum):
@@ -36,14 +36,14 @@ class MoESettings:
   gemm: GemmBackend = GemmBackend.AUTO
   capacity_factor: float = 0.0
   activation: str = "silu"
-  tile_sizes: tuple[int, ...] = DEFAULT_TILE_SIZES
+  window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
 
 
 def expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, *, settings: MoESettings) -> jax.Array:
   """Gated MLP per expert: act(x @ w0) * (x @ w1) @ wo, through the one grouped-GEMM call site."""
 
   def gmm(x, w):
-    return grouped_matmul(x, w, group_sizes_E, backend=settings.gemm, tile_sizes=settings.tile_sizes)
+    return grouped_matmul(x, w, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes)
 
   hidden_RF = _ACTIVATIONS[settings.activation](gmm(rows_RD, w0_EDF)) * gmm(rows_RD, w1_EDF)
   return gmm(hidden_RF.astype(rows_RD.dtype), wo_EFD)

@@ -1,7 +1,7 @@
 """Index math for routing rows to experts: sort, group sizes, inverse permutation, per-rank dedup.
 
 Pure functions over integer arrays; every one has a worked example that tests/test_moe_permute.py checks.
-Shape legend: T tokens, K top-k, R = T*K routed rows, E experts, P ranks, N tiles, M tile rows.
+Shape legend: T tokens, K top-k, R = T*K routed rows, E experts, P ranks, L window sizes.
 """
 
 from typing import NamedTuple
@@ -58,41 +58,43 @@ def expected_distinct_ranks(*, num_experts: int, top_k: int, num_ranks: int) -> 
   return num_ranks * (1 - comb(num_experts - per_rank, top_k) / comb(num_experts, top_k))
 
 
-class TilePlan(NamedTuple):
-  """One tile size's worth of work: tile i multiplies rows [start_N[i], start_N[i] + valid_N[i]) with
-  expert expert_N[i]'s weight. Only the first `count` of the N (static worst case) entries are real."""
+class WindowPlan(NamedTuple):
+  """One row window per expert: expert e multiplies rows [start_E[e], start_E[e] + group_sizes_E[e]) and
+  reads them through a window of sizes[level_E[e]] rows that begins at window_start_E[e]; level_E[e] is
+  -1 for an expert without rows."""
 
-  tile_rows: int
-  expert_N: jax.Array
-  start_N: jax.Array
-  valid_N: jax.Array
-  count: jax.Array
+  sizes: tuple[int, ...]
+  level_E: jax.Array
+  start_E: jax.Array
+  window_start_E: jax.Array
 
 
-def tile_plan(group_sizes_E: jax.Array, *, num_rows: int, tile_sizes: tuple[int, ...]) -> list[TilePlan]:
-  """Covers each expert's rows with big tiles first, then smaller ones, so padding stays under the
-  smallest tile per expert. Tile counts are dynamic; array sizes are the static worst case.
+def window_sizes(num_rows: int, *, smallest: int = 16, growth: float = 1.125) -> tuple[int, ...]:
+  """A ladder of static window sizes from `smallest` up to `num_rows`: each a multiple of `smallest`, at
+  least `smallest` and at most (growth - 1) times the previous size more than it, so that rounding a group
+  up to the next size wastes under `smallest` rows or (growth - 1) of its rows, whichever is more.
 
-  Example: group_sizes_E = [5, 0, 2], num_rows=7, tile_sizes=(4, 2)
-    level M=4: one full tile of expert 0 at row 0            -> expert [0], start [0], valid [4], count 1
-    level M=2: expert 0's last row at 4, expert 2's rows at 5 -> expert [0, 2], start [4, 5], valid [1, 2]
-  (unused worst-case entries follow each level's `count` real ones).
+  Example: num_rows=100, smallest=16 -> (16, 32, 48, 64, 80, 96, 100).
   """
-  num_experts = group_sizes_E.shape[0]
-  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
-  covered_E = jnp.zeros_like(group_sizes_E)
-  plans = []
-  for level, m in enumerate(tile_sizes):
-    last = level == len(tile_sizes) - 1
-    remaining_E = group_sizes_E - covered_E
-    tiles_E = -(-remaining_E // m) if last else remaining_E // m
-    cum_E = jnp.cumsum(tiles_E)
-    i_N = jnp.arange(num_rows // m + (num_experts if last else 0))
-    expert_N = jnp.minimum(jnp.searchsorted(cum_E, i_N, side="right"), num_experts - 1)
-    first_row_N = start_E[expert_N] + covered_E[expert_N] + (i_N - (cum_E[expert_N] - tiles_E[expert_N])) * m
-    valid_N = jnp.clip(start_E[expert_N] + group_sizes_E[expert_N] - first_row_N, 0, m)
-    plans.append(
-      TilePlan(m, expert_N.astype(jnp.int32), first_row_N.astype(jnp.int32), valid_N.astype(jnp.int32), cum_E[-1])
-    )
-    covered_E = covered_E + tiles_E * m
-  return plans
+  sizes, m = [], smallest
+  while m < num_rows:
+    sizes.append(m)
+    m += max(smallest, int(m * (growth - 1)) // smallest * smallest)
+  return (*sizes, max(num_rows, 1))
+
+
+def window_plan(group_sizes_E: jax.Array, *, num_rows: int, sizes: tuple[int, ...]) -> WindowPlan:
+  """Gives each expert the smallest window size that holds its rows. A window that would run past the
+  last row is moved back so that it ends there; it still covers the expert's rows because every size is
+  <= num_rows. Rows of other experts inside a window are masked by the caller.
+
+  Example: group_sizes_E = [5, 0, 2], num_rows=7, sizes=(2, 4, 7)
+    -> level_E = [2, -1, 0] (5 rows need the 7-row window, 2 rows fit the 2-row one),
+       start_E = [0, 5, 5], window_start_E = [0, 5, 5].
+  """
+  start_E = (jnp.cumsum(group_sizes_E) - group_sizes_E).astype(jnp.int32)
+  sizes_L = jnp.array(sizes, jnp.int32)
+  level_E = jnp.searchsorted(sizes_L, group_sizes_E, side="left").astype(jnp.int32)
+  level_E = jnp.where(group_sizes_E > 0, jnp.minimum(level_E, len(sizes) - 1), -1)
+  window_start_E = jnp.minimum(start_E, num_rows - sizes_L[jnp.maximum(level_E, 0)])
+  return WindowPlan(sizes, level_E, start_E, jnp.maximum(window_start_E, 0).astype(jnp.int32))
