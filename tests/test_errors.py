@@ -7,7 +7,7 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.config import checks, recipes
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch.train import check_visible_devices
+from maxtext_moe.launch.train import check_platform, check_visible_devices
 
 TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 
@@ -23,6 +23,10 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
     (["num_experts_per_tok=9", "override_model_config=true"], "group-limited routing keeps 2 groups of 4"),
     (["sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true"),
     (["moe_dispatch=local", "ici_expert_parallelism=8"], "moe_dispatch=local cannot serve expert parallelism 8"),
+    (
+      ["moe_dispatch=ragged_all_to_all", "moe_capacity_factor=1.25"],
+      "moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0",
+    ),
     (["quantization=fp8"], "moe_impl=dropless does not support quantization yet"),
     (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
   ],
@@ -44,6 +48,15 @@ def test_device_count_must_match_the_recipe(adapter):
   with pytest.raises(UserError, match="recipe lays out 8 devices but 1 are visible"):
     check_visible_devices(cfg, visible=1)
   check_visible_devices(cfg, visible=8)
+
+
+def test_ragged_dispatch_is_refused_on_cpu(adapter):
+  cfg = adapter.resolve(TINY, ["moe_dispatch=ragged_all_to_all"])
+  with pytest.raises(
+    UserError, match="needs a GPU or TPU .XLA:CPU has no ragged-all-to-all.; use moe_dispatch=all_to_all"
+  ):
+    check_platform(cfg, platform="cpu")
+  check_platform(cfg, platform="gpu")
 
 
 def test_fixed_layout_must_equal_the_device_count(adapter):

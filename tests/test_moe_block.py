@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from maxtext_moe.moe.block import DispatchKind, MoESettings, moe_block, routed_experts
+from maxtext_moe.moe.block import DispatchKind, MoESettings, moe_block, resolve_dispatch, routed_experts
+from maxtext_moe.moe.collectives import ragged_all_to_all_reference
 from maxtext_moe.moe.dispatch import LocalDispatcher
 
 T, D, F, E, K = 64, 16, 24, 8, 3
@@ -58,7 +59,9 @@ def _mesh(ep):
 
 @functools.cache
 def _block(ep, dispatch=DispatchKind.AUTO, cf=0.0):
-  settings = MoESettings(dispatch=dispatch, capacity_factor=cf, window_sizes=(2, 8))
+  settings = MoESettings(
+    dispatch=dispatch, capacity_factor=cf, window_sizes=(2, 8), ragged_exchange=ragged_all_to_all_reference
+  )
   return jax.jit(functools.partial(moe_block, mesh=_mesh(ep), expert_axis="expert", settings=settings))
 
 
@@ -110,21 +113,22 @@ def test_local_layer_matches_loop_reference(routing):
   np.testing.assert_allclose(y, _reference(x, ids, weights, *w), **TOL)
 
 
+@pytest.mark.parametrize("dispatch", [DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "one_rank"])
 @pytest.mark.parametrize("ep", [2, 4, 8])
-def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing):
+def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing, dispatch):
   x, ids, weights = _tokens(routing)
   w = _weights()
 
   def loss(ep):
     def f(x, weights, w0, w1, wo):
-      y, _ = _run(x, ids, weights, (w0, w1, wo), ep=ep)
+      y, _ = _run(x, ids, weights, (w0, w1, wo), ep=ep, dispatch=dispatch if ep > 1 else DispatchKind.LOCAL)
       return jnp.sum(y * jnp.cos(jnp.arange(D)))
 
     return f
 
-  ref_y, _ = _run(x, ids, weights, w, ep=1)
-  got_y, stats = _run(x, ids, weights, w, ep=ep)
+  ref_y, _ = _run(x, ids, weights, w, ep=1, dispatch=DispatchKind.LOCAL)
+  got_y, stats = _run(x, ids, weights, w, ep=ep, dispatch=dispatch)
   np.testing.assert_allclose(got_y, ref_y, **TOL)
   np.testing.assert_allclose(ref_y, _reference(x, ids, weights, *w), rtol=1e-4, atol=1e-4)
   grads_ref = jax.jit(jax.grad(loss(1), argnums=(0, 1, 2, 3, 4)))(x, weights, *w)
@@ -135,10 +139,11 @@ def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing):
   assert float(stats["load"].sum()) == T * K
 
 
+@pytest.mark.parametrize("dispatch", [DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL])
 @pytest.mark.parametrize("ep", [2, 4, 8])
-def test_dedup_rows_equal_distinct_destination_ranks(ep):
+def test_dedup_rows_equal_distinct_destination_ranks(ep, dispatch):
   x, ids, weights = _tokens()
-  _, stats = _run(x, ids, weights, _weights(), ep=ep)
+  _, stats = _run(x, ids, weights, _weights(), ep=ep, dispatch=dispatch)
   distinct = sum(len({int(e) // (E // ep) for e in row}) for row in np.asarray(ids))
   assert float(stats["rows_sent"]) == distinct
   assert float(stats["rows_sent_no_dedup"]) == T * K
@@ -151,3 +156,28 @@ def test_capacity_overflow_is_counted_not_silent():
   _, stats = _run(x, ids, weights, _weights(), ep=4, cf=0.5)
   # Every token needs only the last rank; capacity ceil(0.5 * 8 * 3 / 4) = 3 of each device's 8 tokens fit.
   assert float(stats["dropped"]) == 8 * (8 - 3) * K
+
+
+def test_auto_dispatch_per_platform_and_ragged_refuses_capacity():
+  assert resolve_dispatch("auto", ep=1, platform="gpu") == DispatchKind.LOCAL
+  assert resolve_dispatch("auto", ep=8, platform="gpu") == DispatchKind.RAGGED_ALL_TO_ALL
+  assert resolve_dispatch("auto", ep=8, platform="cpu") == DispatchKind.ALL_TO_ALL
+  assert resolve_dispatch("auto", ep=8, capacity_factor=1.5, platform="gpu") == DispatchKind.ALL_TO_ALL
+  x, ids, weights = _tokens()
+  with pytest.raises(ValueError, match="always dropless"):
+    _run(x, ids, weights, _weights(), ep=2, dispatch=DispatchKind.RAGGED_ALL_TO_ALL, cf=1.0)
+
+
+def test_real_ragged_all_to_all_traces_through_forward_and_backward():
+  """XLA:CPU cannot compile the real op, but tracing and lowering the gradient checks our arguments
+  against its abstract-eval and transpose rules; the lowered module must contain the collective."""
+  x, ids, weights = _tokens()
+  settings = MoESettings(dispatch=DispatchKind.RAGGED_ALL_TO_ALL, window_sizes=(2, 8))
+  block = functools.partial(moe_block, mesh=_mesh(4), expert_axis="expert", settings=settings)
+
+  def loss(x, w0, w1, wo):
+    return jnp.sum(block(x, ids, weights, w0, w1, wo)[0])
+
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, *_weights()).as_text()
+  # dispatch (x, ids, weights), combine, and the transposes that carry cotangents back
+  assert text.count("custom_call @ragged_all_to_all") >= 4

@@ -113,6 +113,8 @@ def check_dropless_block_applies(cfg: Any) -> None:
   ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
   if str(cfg.moe_dispatch) == "local" and ep > 1:
     raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
+  if str(cfg.moe_dispatch) == "ragged_all_to_all" and cfg.moe_capacity_factor > 0:
+    raise ValueError("moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0 or use all_to_all")
   unsupported = {
     "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
     "mlp_bias": bool(cfg.mlp_bias),

@@ -56,12 +56,15 @@ class PluginKeys(BaseModel):
   )
   moe_dispatch: DispatchKind = Field(
     DispatchKind.AUTO,
-    description="Token dispatch: local (no expert parallelism), all_to_all (portable, deduplicated per "
-    "destination rank), auto (local at EP=1, all_to_all otherwise).",
+    description="Token dispatch, deduplicated per destination rank: local (no expert parallelism), "
+    "all_to_all (portable, moves padded worst-case buffers), ragged_all_to_all (only real rows on the wire; "
+    "GPU/TPU, XLA:CPU lacks it), auto (local at EP=1; else ragged_all_to_all on GPU/TPU, all_to_all on CPU "
+    "or with a capacity).",
   )
   moe_gemm_backend: GemmBackend = Field(
     GemmBackend.AUTO,
-    description="Grouped GEMM: tiled (fast portable loop over expert tiles), ragged_dot (jax.lax), tokamax, "
+    description="Grouped GEMM: tiled (portable: one size-bucketed row window per expert), ragged_dot (jax.lax), "
+    "tokamax, "
     "auto (tiled on CPU, ragged_dot elsewhere).",
   )
   moe_capacity_factor: float = Field(

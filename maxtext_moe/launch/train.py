@@ -44,6 +44,15 @@ def check_visible_devices(cfg: Any, *, visible: int) -> None:
     raise UserError(str(e)) from e
 
 
+def check_platform(cfg: Any, *, platform: str) -> None:
+  """Settings that need an XLA backend feature this platform lacks."""
+  if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
+    raise UserError(
+      "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "
+      "use moe_dispatch=all_to_all or auto on CPU"
+    )
+
+
 def _check_overrides(overrides: list[str]) -> None:
   for item in overrides:
     key, sep, _ = item.partition("=")
@@ -76,6 +85,7 @@ def train(recipe: str | None, overrides: list[str], *, verbose: bool = False) ->
     absl_logging.set_verbosity(absl_logging.WARNING)
   path, full, cfg = prepare(recipe, overrides)
   check_visible_devices(cfg, visible=jax.device_count())
+  check_platform(cfg, platform=jax.default_backend())
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
   recorder = RunRecorder(
     run_dir=run_dir,

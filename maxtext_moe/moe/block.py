@@ -7,6 +7,7 @@ Routing (scores, top-k, bias) stays with the caller, so MaxText's DeepSeek-V3 ro
 Shape legend: T tokens, K top-k, D model dim, F expert hidden dim, E experts, R rows.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -15,14 +16,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from maxtext_moe.moe.dispatch import AllToAllDispatcher, LocalDispatcher
+from maxtext_moe.moe.dispatch import AllToAllDispatcher, LocalDispatcher, RaggedAllToAllDispatcher
 from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul
 
 
 class DispatchKind(StrEnum):
-  AUTO = "auto"  # local without expert parallelism, all_to_all with it
+  AUTO = "auto"  # local without expert parallelism; with it, ragged_all_to_all on GPU/TPU, all_to_all on CPU
   LOCAL = "local"
   ALL_TO_ALL = "all_to_all"
+  RAGGED_ALL_TO_ALL = "ragged_all_to_all"
 
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
@@ -36,6 +38,9 @@ class MoESettings:
   gemm: GemmBackend = GemmBackend.AUTO
   capacity_factor: float = 0.0
   activation: str = "silu"
+  # The ragged dispatcher's collective; None: jax.lax.ragged_all_to_all. Tests on XLA:CPU pass
+  # collectives.ragged_all_to_all_reference.
+  ragged_exchange: Callable | None = None
   window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
 
 
@@ -58,14 +63,33 @@ def routed_experts(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatch
 
 
 def _make_dispatcher(settings: MoESettings, *, num_experts: int, ep: int, expert_axis: str | None):
-  kind = settings.dispatch
-  if kind == DispatchKind.AUTO:
-    kind = DispatchKind.LOCAL if ep == 1 else DispatchKind.ALL_TO_ALL
+  kind = resolve_dispatch(settings.dispatch, ep=ep, capacity_factor=settings.capacity_factor)
   if kind == DispatchKind.LOCAL:
     if ep != 1:
       raise ValueError(f"moe_dispatch=local needs expert parallelism 1, got {ep}; use all_to_all")
     return LocalDispatcher(num_experts)
+  if kind == DispatchKind.RAGGED_ALL_TO_ALL:
+    if settings.capacity_factor > 0:
+      raise ValueError("moe_dispatch=ragged_all_to_all is always dropless; set moe_capacity_factor=0")
+    exchange = settings.ragged_exchange or jax.lax.ragged_all_to_all
+    return RaggedAllToAllDispatcher(num_experts, ep, expert_axis, exchange)
   return AllToAllDispatcher(num_experts, ep, expert_axis, settings.capacity_factor)
+
+
+def resolve_dispatch(
+  kind: DispatchKind | str, *, ep: int, capacity_factor: float = 0.0, platform: str | None = None
+) -> DispatchKind:
+  """Turns `auto` into a concrete dispatcher: local without EP; with EP, ragged_all_to_all where XLA has
+  it (GPU/TPU) unless a capacity is set, else the portable all_to_all."""
+  kind = DispatchKind(kind)
+  if kind != DispatchKind.AUTO:
+    return kind
+  if ep == 1:
+    return DispatchKind.LOCAL
+  platform = platform or jax.default_backend()
+  if platform == "cpu" or capacity_factor > 0:
+    return DispatchKind.ALL_TO_ALL
+  return DispatchKind.RAGGED_ALL_TO_ALL
 
 
 def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
