@@ -4,6 +4,8 @@
   maxtext-moe config RECIPE [key=value ...]     print the resolved config and what our layers changed
   maxtext-moe recipes                           list the shipped recipes
   maxtext-moe bench moe [--json]                MoE benchmark table (GEMM efficiency, layer speed, dedup)
+  maxtext-moe convert hf-to-maxtext --hf DIR --model RECIPE --out DIR     HF DeepSeek-V3 -> MaxText
+  maxtext-moe convert maxtext-to-hf --ckpt DIR --model RECIPE --out DIR   MaxText -> HF (bf16)
 
 Bad input (unknown key or recipe, wrong type, impossible layout) prints one line and exits with 2.
 """
@@ -62,6 +64,29 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
   return 0
 
 
+def _cmd_convert(ns: argparse.Namespace) -> int:
+  from maxtext_moe.checkpoint import convert
+
+  if ns.direction == "hf-to-maxtext":
+    if not ns.hf:
+      raise UserError("hf-to-maxtext needs --hf DIR (a Hugging Face model directory)")
+    summary = convert.hf_to_maxtext(ns.hf, ns.model, ns.out, overrides=ns.overrides, dtype=ns.dtype, force=ns.force)
+    print(f"maxtext-moe: wrote {summary['bytes_written'] / 1e9:.2f} GB in {summary['seconds']:.1f} s to {ns.out}")
+    if summary["ignored_hf_tensors"]:
+      print(
+        f"maxtext-moe: {len(summary['ignored_hf_tensors'])} HF tensors have no place in this model and were left out"
+      )
+    print(f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']}")
+  else:
+    if not ns.ckpt:
+      raise UserError("maxtext-to-hf needs --ckpt DIR (a MaxText parameter checkpoint)")
+    summary = convert.maxtext_to_hf(
+      ns.ckpt, ns.model, ns.out, overrides=ns.overrides, force=ns.force, max_shard_gb=ns.max_shard_gb
+    )
+    print(f"maxtext-moe: wrote {summary['bytes_written'] / 1e9:.2f} GB in {summary['seconds']:.1f} s to {ns.out}")
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="maxtext-moe", description="Dropless DeepSeek-V3-class MoE training on MaxText.", epilog=_EPILOG
@@ -113,6 +138,28 @@ def build_parser() -> argparse.ArgumentParser:
     help="grouped-GEMM backends to measure (default: all)",
   )
   p.set_defaults(func=_cmd_bench)
+
+  p = sub.add_parser(
+    "convert",
+    help="convert DeepSeek-V3 checkpoints between Hugging Face and MaxText",
+    description="hf-to-maxtext: Hugging Face safetensors (BF16, or FP8 e4m3 with 128x128 weight_scale_inv "
+    "blocks, dequantized on the fly) -> a MaxText Orbax parameter checkpoint at OUT/items, for "
+    "load_parameters_path. maxtext-to-hf: the reverse, as bf16 safetensors shards + index + config.json. "
+    "Both stream one (layer, expert) slice at a time, check config and every tensor's shape before "
+    "writing, and write into a temporary directory renamed at the end.",
+    epilog="Example: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --model gb200-nvl72/deepseek3-671b "
+    "--out /ckpt/dsv3",
+  )
+  p.add_argument("direction", choices=["hf-to-maxtext", "maxtext-to-hf"])
+  p.add_argument("--hf", help="Hugging Face model directory (config.json + *.safetensors) to read")
+  p.add_argument("--ckpt", help="MaxText parameter checkpoint to read (OUT of hf-to-maxtext, or OUT/items)")
+  p.add_argument("--model", required=True, help="recipe whose model to use, e.g. gb200-nvl72/deepseek3-671b")
+  p.add_argument("--out", required=True, help="directory to create")
+  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="hf-to-maxtext weight dtype")
+  p.add_argument("--max-shard-gb", type=float, default=5.0, help="maxtext-to-hf shard size (default 5)")
+  p.add_argument("--force", action="store_true", help="replace OUT if it exists (after the new one is complete)")
+  p.add_argument("overrides", nargs="*", metavar="key=value", help="model config overrides, as for train")
+  p.set_defaults(func=_cmd_convert)
   return parser
 
 
@@ -123,7 +170,12 @@ def _quiet_env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  ns = build_parser().parse_args(argv)
+  parser = build_parser()
+  ns, extra = parser.parse_known_args(argv)
+  if extra:  # key=value overrides may follow convert's options; anything else is an error
+    if getattr(ns, "command", None) != "convert" or any(a.startswith("-") or "=" not in a for a in extra):
+      parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    ns.overrides = [*ns.overrides, *extra]
   _quiet_env()
   try:
     return ns.func(ns)

@@ -15,6 +15,10 @@ What we touch (maxtext 0.2.5):
   Routing (`get_topk`), the load-balance loss and the aux-loss-free bias update stay MaxText's own.
 - `maxtext.trainers.pre_train.train.loss_fn`: wrapped to send the block's per-step stats to the host.
 - `maxtext.trainers.pre_train.train.warmup_programs`: wrapped so its warm-up steps' stats are discarded.
+- `maxtext.models.models.transformer_as_linen` + `maxtext.utils.maxtext_utils.get_abstract_param`: the
+  model's parameter tree (paths, shapes, logical axes) that checkpoint conversion fills.
+- `maxtext.common.checkpointing.load_params_from_path`: loads a converted checkpoint exactly as
+  `load_parameters_path` does in training (conversion tests and the logits check).
 """
 
 import contextlib
@@ -62,6 +66,13 @@ UPSTREAM_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
   ("maxtext.trainers.pre_train.train", "main", ("argv",)),
   ("maxtext.trainers.pre_train.train", "loss_fn", ("model", "config", "data", "dropout_rng", "params", "is_train")),
   ("maxtext.trainers.pre_train.train", "warmup_programs", ("programs", "state")),
+  ("maxtext.models.models", "transformer_as_linen", ("config", "mesh", "quant", "model_mode")),
+  ("maxtext.utils.maxtext_utils", "get_abstract_param", ("model", "config")),
+  (
+    "maxtext.common.checkpointing",
+    "load_params_from_path",
+    ("load_parameters_from_path", "abstract_unboxed_params", "checkpoint_storage_concurrent_gb"),
+  ),
   (
     "maxtext.layers.moe",
     "RoutedMoE.sparse_matmul",
@@ -439,3 +450,55 @@ def routed_moe_loss_and_grad(config_path: str, overrides: list[str]):
     return jnp.sum(apply(state, x).astype(jnp.float32) ** 2)
 
   return jax.jit(apply), jax.jit(jax.grad(loss, argnums=(0, 1))), params, x, run_ctx
+
+
+# --- the model's parameter tree, for checkpoint conversion ------------------------------------------
+
+
+def _linen_model(cfg: Any):
+  from maxtext.models import models  # pylint: disable=import-outside-toplevel
+
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+  return models.transformer_as_linen(cfg, mesh, quant=None, model_mode="train"), mesh
+
+
+def abstract_params(config_path: str, overrides: list[str]) -> tuple[Any, list[tuple[tuple[str, ...], tuple, tuple]]]:
+  """(config, [(collection-qualified path, shape, logical axis names)]) of the model's parameters, from
+  `jax.eval_shape` of MaxText's own init: nothing is allocated."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  model, _ = _linen_model(cfg)
+  tree = maxtext_utils.get_abstract_param(model, cfg)
+  leaves = []
+  flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+  for path, leaf in flat:
+    value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
+    names = tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned) else (None,) * len(value.shape)
+    leaves.append((tuple(str(getattr(k, "key", k)) for k in path), tuple(value.shape), names))
+  return cfg, leaves
+
+
+def load_and_forward(config_path: str, overrides: list[str], params_path: str, tokens: Any) -> Any:
+  """Loads `params_path` with MaxText's `load_params_from_path` (what `load_parameters_path` runs) and
+  returns the model's logits for `tokens` [B, S] (positions 0..S-1), with our MoE patch installed."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
+  from maxtext.common import checkpointing  # pylint: disable=import-outside-toplevel
+
+  install_moe_patch()
+  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  model, mesh = _linen_model(cfg)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+    nn.unbox(maxtext_utils.get_abstract_param(model, cfg)),
+  )
+  params = checkpointing.load_params_from_path(params_path, abstract, cfg.checkpoint_storage_concurrent_gb)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  with jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
+    out = model.apply(
+      params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
+    )
+  return out[0] if isinstance(out, tuple) else out

@@ -1,0 +1,272 @@
+"""`maxtext-moe convert`: Hugging Face DeepSeek-V3 (FP8 or BF16) <-> MaxText Orbax, streamed.
+
+hf-to-maxtext
+  1. Reads every shard's header (not the data) and the model's parameter tree from MaxText itself.
+  2. Checks, before writing anything: config.json against the model, and that each needed tensor
+     exists with the expected shape and a supported dtype.
+  3. Writes each MaxText leaf chunk by chunk: one (layer, expert) slice at a time is read (memmap),
+     dequantized if FP8, transposed/reshaped and written. Peak memory is a few slices, not the model.
+  4. Writes into `.<OUT>.partial-<pid>` next to OUT and renames it at the end, so OUT is either
+     complete or absent. An existing OUT needs --force and is replaced only once the new one is done.
+maxtext-to-hf is the same in reverse: bf16 safetensors shards, the index and config.json.
+
+Training loads the result with load_parameters_path=OUT/items.
+"""
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from maxtext_moe.checkpoint import deepseek
+from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint, write_shards
+from maxtext_moe.errors import UserError
+
+OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
+PROVENANCE = "maxtext_moe_conversion.json"
+# Parallelism for conversion: one process, any device count (only shapes are traced).
+_ONE_DEVICE = [
+  *(f"ici_{a}_parallelism=1" for a in ("fsdp", "expert", "tensor", "sequence", "pipeline", "context")),
+  "ici_data_parallelism=-1",
+  *(f"dcn_{a}_parallelism=1" for a in ("data", "fsdp", "expert", "pipeline")),
+  "num_slices=1",
+  "recipe_num_devices=-1",
+  "hardware=cpu",
+]
+
+
+@contextmanager
+def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
+  """Yields a temporary sibling of `out` to write into; renames it to `out` on success, removes it on
+  failure. An existing `out` is an error unless `force`, and is only removed after success."""
+  out = Path(out).absolute()
+  if out.exists() and not force:
+    raise UserError(f"output directory {out} already exists; pass --force to replace it")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if out.exists():
+    shutil.rmtree(out)
+  tmp.rename(out)
+
+
+def model_tree(model: str, overrides: list[str]):
+  """(MaxText config, LeafPlans) for recipe `model` laid out on one device."""
+  from maxtext_moe import maxtext_adapter
+  from maxtext_moe.config.recipes import recipe_path
+
+  cfg, leaves = maxtext_adapter.abstract_params(str(recipe_path(model)), [*_ONE_DEVICE, *overrides])
+  if not cfg.scan_layers:
+    raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
+  abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in leaves]
+  plans = deepseek.plan(abstract, first_dense=cfg.first_num_dense_layers, num_layers=cfg.num_decoder_layers)
+  return cfg, plans
+
+
+class _Progress:
+  """A rich progress bar in bytes with throughput (or nothing when not on a terminal)."""
+
+  def __init__(self, description: str, total: int, enabled: bool):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    self.bar = (
+      Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+      )
+      if enabled
+      else None
+    )
+    self.task = self.bar.add_task(description, total=total) if self.bar else None
+    self.done = 0
+
+  def __enter__(self):
+    if self.bar:
+      self.bar.start()
+    return self
+
+  def __exit__(self, *exc):
+    if self.bar:
+      self.bar.stop()
+
+  def advance(self, nbytes: int) -> None:
+    self.done += nbytes
+    if self.bar:
+      self.bar.advance(self.task, nbytes)
+
+
+def _nest(tree: dict, path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _leaf_dtype(plan: deepseek.LeafPlan, ckpt: HFCheckpoint, out_dtype: np.dtype) -> np.dtype:
+  """The requested dtype, except that a tensor Hugging Face keeps in float32 (DeepSeek-V3's
+  e_score_correction_bias) stays float32: converting must not lose precision the source kept."""
+  first_name = next(plan.slices())[0]
+  return np.dtype(np.float32) if ckpt.tensors[first_name].dtype == "F32" else out_dtype
+
+
+def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: str) -> set[str]:
+  """Every tensor the plans need exists with the right shape and a supported dtype. Returns their names."""
+  used = set()
+  for plan in plans:
+    for name, _ in plan.slices():
+      info = ckpt.tensors.get(name)
+      if info is None:
+        leaf = "/".join(plan.leaf.path)
+        raise UserError(f"{ckpt.dir} lacks tensor {name}, needed for {leaf} of model {model}")
+      if info.dtype not in DTYPES:
+        raise UserError(f"tensor {name} has dtype {info.dtype}; expected one of {', '.join(DTYPES)}")
+      if info.shape != plan.hf_shape:
+        raise UserError(
+          f"tensor {name} has shape {list(info.shape)} but model {model} expects {list(plan.hf_shape)}: "
+          "the checkpoint is a different model"
+        )
+      if info.dtype == "F8_E4M3" and name + "_scale_inv" not in ckpt.tensors:
+        raise UserError(f"FP8 tensor {name} has no {name}_scale_inv")
+      used.add(name)
+  return used
+
+
+def hf_to_maxtext(
+  hf_dir: str, model: str, out: str, *, overrides: list[str] = (), dtype: str = "bfloat16", force: bool = False
+) -> dict[str, Any]:
+  """Converts a Hugging Face DeepSeek-V3 checkpoint to a MaxText parameter checkpoint at OUT/items."""
+  from maxtext_moe.checkpoint.orbax_io import StreamedLeaf, save_tree
+
+  if dtype not in OUT_DTYPES:
+    raise UserError(f"--dtype {dtype} is not one of {', '.join(OUT_DTYPES)}")
+  if Path(out).exists() and not force:
+    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
+  ckpt = HFCheckpoint(hf_dir)
+  cfg, plans = model_tree(model, list(overrides))
+  deepseek.check_config(ckpt.config, cfg, model=model)
+  used = check_hf_tensors(ckpt, plans, model)
+  quant = ckpt.config.get("quantization_config") or {}
+  block = tuple(quant.get("weight_block_size", (128, 128)))
+  ignored = sorted(
+    n for n in ckpt.tensors if n not in used and not n.endswith("_scale_inv") and not deepseek.HF_SKIPPED.match(n)
+  )
+
+  def leaf(plan: deepseek.LeafPlan, leaf_dtype: np.dtype, advance: Callable[[int], None]) -> StreamedLeaf:
+    def chunks():
+      for name, index in plan.slices():
+        yield index, plan.to_maxtext(np.asarray(ckpt.weight(name, block=block))).astype(leaf_dtype)
+
+    return StreamedLeaf(plan.leaf.shape, leaf_dtype, plan.chunk_shape, chunks, advance)
+
+  dtypes = [_leaf_dtype(p, ckpt, OUT_DTYPES[dtype]) for p in plans]
+  total = sum(int(np.prod(p.leaf.shape)) * d.itemsize for p, d in zip(plans, dtypes, strict=True))
+  start = time.perf_counter()
+  with staged_output(Path(out), force=force) as tmp, _Progress("hf -> maxtext", total, _interactive()) as progress:
+    tree: dict = {}
+    for plan, leaf_dtype in zip(plans, dtypes, strict=True):
+      _nest(tree, ("params", *plan.leaf.path), leaf(plan, leaf_dtype, progress.advance))
+    save_tree(tmp, tree)
+    summary = {
+      "direction": "hf-to-maxtext",
+      "source": str(Path(hf_dir).absolute()),
+      "model": model,
+      "overrides": list(overrides),
+      "dtype": dtype,
+      "leaves": len(plans),
+      "bytes_written": progress.done,
+      "seconds": round(time.perf_counter() - start, 3),
+      "ignored_hf_tensors": ignored,
+      "load_parameters_path": str(Path(out).absolute() / "items"),
+    }
+    (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2) + "\n")
+  return summary
+
+
+def _items_dir(ckpt_dir: str) -> Path:
+  path = Path(ckpt_dir)
+  if not path.exists():
+    raise UserError(f"checkpoint {path} does not exist")
+  items = path / "items" if (path / "items").is_dir() else path
+  if not (items / "_METADATA").is_file():
+    raise UserError(f"{path} is not an Orbax parameter checkpoint (no items/_METADATA); pass OUT or OUT/items")
+  return items
+
+
+def maxtext_to_hf(
+  ckpt_dir: str, model: str, out: str, *, overrides: list[str] = (), force: bool = False, max_shard_gb: float = 5.0
+) -> dict[str, Any]:
+  """Writes a MaxText parameter checkpoint as Hugging Face safetensors (bf16; float32 leaves stay float32)."""
+  from maxtext_moe.checkpoint.orbax_io import LeafReader
+
+  if Path(out).exists() and not force:
+    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
+  items = _items_dir(ckpt_dir)
+  cfg, plans = model_tree(model, list(overrides))
+  reader = LeafReader(items)
+  for plan in plans:
+    path = ("params", *plan.leaf.path)
+    try:
+      shape = reader.shape(path)
+    except Exception:  # TensorStore raises several types for a missing array
+      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {model}?") from None
+    if shape != plan.leaf.shape:
+      raise UserError(
+        f"{'/'.join(plan.leaf.path)} has shape {list(shape)} in {items}, model {model} has {list(plan.leaf.shape)}"
+      )
+
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+
+  def tensors() -> Iterator[tuple[str, np.ndarray]]:
+    copies = {}
+    for plan in plans:
+      path = ("params", *plan.leaf.path)
+      for name, index in plan.slices():
+        x = plan.to_hf(reader.read(path, index))
+        yield name, x if x.dtype == np.float32 and x.ndim == 1 else x.astype(bf16)
+      if plan.leaf.path[1:] in (("token_embedder", "embedding"), ("decoder", "logits_dense", "kernel")):
+        copies[plan.leaf.path[-2]] = plan  # the MTP layers ship copies of these two
+    for k in range(cfg.mtp_num_layers):
+      layer = cfg.num_decoder_layers + k
+      for key, hf_name in (("token_embedder", "embed_tokens"), ("logits_dense", "shared_head.head")):
+        plan = copies[key]
+        yield (
+          f"model.layers.{layer}.{hf_name}.weight",
+          plan.to_hf(reader.read(("params", *plan.leaf.path))).astype(bf16),
+        )
+
+  total = sum(int(np.prod(p.leaf.shape)) * 2 for p in plans)
+  start = time.perf_counter()
+  with staged_output(Path(out), force=force) as tmp, _Progress("maxtext -> hf", total, _interactive()) as progress:
+    tmp.mkdir()
+    for nbytes in write_shards(tmp, tensors(), max_shard_bytes=int(max_shard_gb * 2**30)):
+      progress.advance(nbytes)
+    (tmp / "config.json").write_text(json.dumps(deepseek.hf_config_for(cfg), indent=2, sort_keys=True) + "\n")
+    summary = {
+      "direction": "maxtext-to-hf",
+      "source": str(items),
+      "model": model,
+      "bytes_written": progress.done,
+      "seconds": round(time.perf_counter() - start, 3),
+    }
+  return summary
+
+
+def _interactive() -> bool:
+  import sys
+
+  return sys.stderr.isatty()

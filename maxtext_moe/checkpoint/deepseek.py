@@ -1,0 +1,223 @@
+"""The DeepSeek-V3 name and layout mapping between Hugging Face and MaxText's scanned parameter tree.
+
+MaxText side (read from maxtext 0.2.5's model, see `maxtext_adapter.abstract_params`): layers are
+scanned, so a per-layer weight is one leaf with a layer axis (logical name `dense_layers` /
+`moe_layers`, axis 1 for params, 0 for the `MoEBiasVar` collection that holds DeepSeek's
+`e_score_correction_bias`); routed experts add an `exp` axis. Linear kernels are [in, out] where
+Hugging Face stores [out, in], and MLA's per-head kernels split a flat HF dimension into (heads, dim).
+The MTP module is HF layer `num_hidden_layers` (its embed_tokens and shared_head.head are copies of
+the main model's and are not stored twice in MaxText).
+
+Every target leaf gets a `LeafPlan`: which HF tensor fills each (layer, expert) slice and how.
+Shape legend: L layers in a stack, E experts.
+"""
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from math import prod
+
+from maxtext_moe.errors import UserError
+
+# (MaxText path inside a layer, HF name inside `model.layers.{i}.`, transpose, leading in-dims)
+# `in_dims`: how many leading dims of the MaxText slice form HF's input features (o_proj: heads x v).
+_LAYER = {
+  ("pre_self_attention_layer_norm", "scale"): ("input_layernorm.weight", False, 0),
+  ("post_self_attention_layer_norm", "scale"): ("post_attention_layernorm.weight", False, 0),
+  ("self_attention", "wq_a", "kernel"): ("self_attn.q_a_proj.weight", True, 1),
+  ("self_attention", "q_norm", "scale"): ("self_attn.q_a_layernorm.weight", False, 0),
+  ("self_attention", "wq_b", "kernel"): ("self_attn.q_b_proj.weight", True, 1),
+  ("self_attention", "query", "kernel"): ("self_attn.q_proj.weight", True, 1),
+  ("self_attention", "wkv_a", "kernel"): ("self_attn.kv_a_proj_with_mqa.weight", True, 1),
+  ("self_attention", "kv_norm", "scale"): ("self_attn.kv_a_layernorm.weight", False, 0),
+  ("self_attention", "wkv_b", "kernel"): ("self_attn.kv_b_proj.weight", True, 1),
+  ("self_attention", "out", "kernel"): ("self_attn.o_proj.weight", True, 2),
+  ("mlp", "wi_0", "kernel"): ("mlp.gate_proj.weight", True, 1),
+  ("mlp", "wi_1", "kernel"): ("mlp.up_proj.weight", True, 1),
+  ("mlp", "wo", "kernel"): ("mlp.down_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "kernel"): ("mlp.gate.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"): ("mlp.gate.e_score_correction_bias", False, 0),
+  ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_0"): ("mlp.experts.{e}.gate_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_1"): ("mlp.experts.{e}.up_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "MoeBlock_0", "wo"): ("mlp.experts.{e}.down_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "shared_experts", "wi_0", "kernel"): ("mlp.shared_experts.gate_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "shared_experts", "wi_1", "kernel"): ("mlp.shared_experts.up_proj.weight", True, 1),
+  ("DeepSeekMoeBlock_0", "shared_experts", "wo", "kernel"): ("mlp.shared_experts.down_proj.weight", True, 1),
+}
+_GLOBAL = {
+  ("token_embedder", "embedding"): ("model.embed_tokens.weight", False, 0),
+  ("decoder", "decoder_norm", "scale"): ("model.norm.weight", False, 0),
+  ("decoder", "logits_dense", "kernel"): ("lm_head.weight", True, 1),
+}
+_MTP = {
+  ("mtp_1_embedding_norm", "scale"): ("enorm.weight", False, 0),
+  ("mtp_1_hidden_state_norm", "scale"): ("hnorm.weight", False, 0),
+  ("mtp_1_projection", "kernel"): ("eh_proj.weight", True, 1),
+  ("mtp_1_final_norm", "scale"): ("shared_head.norm.weight", False, 0),
+}
+# HF tensors that MaxText does not store (copies of the main model's).
+HF_SKIPPED = re.compile(r"model\.layers\.\d+\.(embed_tokens|shared_head\.head)\.weight$")
+_LAYER_AXES = ("dense_layers", "moe_layers", "layers")
+
+
+@dataclass(frozen=True)
+class AbstractLeaf:
+  """One MaxText parameter: its collection-qualified path, shape and logical axis names."""
+
+  path: tuple[str, ...]  # e.g. ("params", "decoder", "moe_layers", ...) or ("MoEBiasVar", "decoder", ...)
+  shape: tuple[int, ...]
+  names: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+  """How to fill one MaxText leaf from HF tensors: slice (layer l, expert e) <- hf_name(l, e)."""
+
+  leaf: AbstractLeaf
+  hf_template: str  # with {layer} and {e} placeholders
+  first_layer: int  # HF layer index of slice 0 of the layer axis
+  layer_axis: int | None
+  expert_axis: int | None
+  transpose: bool
+  in_dims: int
+
+  @property
+  def slice_shape(self) -> tuple[int, ...]:
+    return tuple(d for i, d in enumerate(self.leaf.shape) if i not in (self.layer_axis, self.expert_axis))
+
+  @property
+  def chunk_shape(self) -> tuple[int, ...]:
+    return tuple(1 if i in (self.layer_axis, self.expert_axis) else d for i, d in enumerate(self.leaf.shape))
+
+  @property
+  def hf_shape(self) -> tuple[int, ...]:
+    """The HF tensor's shape: [out, in] for a transposed kernel, else the MaxText slice shape."""
+    s = self.slice_shape
+    return (prod(s[self.in_dims :]), prod(s[: self.in_dims])) if self.transpose else s
+
+  def slices(self) -> Iterator[tuple[str, tuple[slice, ...]]]:
+    """(HF name, MaxText index) for every slice of the leaf."""
+    n_layers = self.leaf.shape[self.layer_axis] if self.layer_axis is not None else 1
+    n_experts = self.leaf.shape[self.expert_axis] if self.expert_axis is not None else 1
+    for li in range(n_layers):
+      for e in range(n_experts):
+        index = [slice(None)] * len(self.leaf.shape)
+        if self.layer_axis is not None:
+          index[self.layer_axis] = slice(li, li + 1)
+        if self.expert_axis is not None:
+          index[self.expert_axis] = slice(e, e + 1)
+        yield self.hf_template.format(layer=self.first_layer + li, e=e), tuple(index)
+
+  def to_maxtext(self, hf):
+    """HF tensor -> MaxText chunk (with size-1 layer/expert axes)."""
+    x = hf.T if self.transpose else hf
+    return x.reshape(self.chunk_shape)
+
+  def to_hf(self, chunk):
+    """MaxText chunk -> HF tensor (inverse of `to_maxtext`)."""
+    s = self.slice_shape
+    x = chunk.reshape(s)
+    return x.reshape(prod(s[: self.in_dims]), prod(s[self.in_dims :])).T if self.transpose else x
+
+
+def plan(leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int) -> list[LeafPlan]:
+  """A LeafPlan for every MaxText leaf; a leaf this mapping does not know is an error, not a silent skip."""
+  plans = []
+  for leaf in leaves:
+    path = leaf.path[1:]  # drop the collection ("params" / "MoEBiasVar")
+    layer_axis = next((i for i, n in enumerate(leaf.names) if n in _LAYER_AXES), None)
+    expert_axis = next((i for i, n in enumerate(leaf.names) if n == "exp"), None)
+    found = None
+    if path in _GLOBAL:
+      found = (*_GLOBAL[path], 0)
+    elif path[:2] == ("decoder", "dense_layers") and path[2:] in _LAYER:
+      found = (*_LAYER[path[2:]], 0)
+    elif path[:2] == ("decoder", "moe_layers") and path[2:] in _LAYER:
+      found = (*_LAYER[path[2:]], first_dense)
+    elif path[0] == "mtp_block" and (m := re.fullmatch(r"mtp_layer_(\d+)", path[1])):
+      mtp_layer = num_layers + int(m.group(1)) - 1
+      rest = path[2:]
+      if rest in _MTP:
+        found = (*_MTP[rest], mtp_layer)
+      elif rest[0] == "mtp_1_transformer_layer" and rest[1:] in _LAYER:
+        found = (*_LAYER[rest[1:]], mtp_layer)
+    if found is None:
+      raise UserError(f"no Hugging Face mapping for MaxText parameter {'/'.join(leaf.path)}")
+    name, transpose, in_dims, first = found
+    template = name if name.startswith(("model.", "lm_head")) else f"model.layers.{{layer}}.{name}"
+    plans.append(LeafPlan(leaf, template, first, layer_axis, expert_axis, transpose, in_dims))
+  return plans
+
+
+# HF config.json key -> (MaxText config attribute, how to read it); checked before anything is written.
+CONFIG_KEYS = {
+  "hidden_size": "emb_dim",
+  "num_hidden_layers": "num_decoder_layers",
+  "first_k_dense_replace": "first_num_dense_layers",
+  "num_attention_heads": "num_query_heads",
+  "intermediate_size": "mlp_dim",
+  "moe_intermediate_size": "moe_mlp_dim",
+  "n_routed_experts": "num_experts",
+  "num_experts_per_tok": "num_experts_per_tok",
+  "n_shared_experts": "shared_experts",
+  "n_group": "n_routing_groups",
+  "topk_group": "topk_routing_group",
+  "routed_scaling_factor": "routed_scaling_factor",
+  "q_lora_rank": "q_lora_rank",
+  "kv_lora_rank": "kv_lora_rank",
+  "qk_nope_head_dim": "qk_nope_head_dim",
+  "qk_rope_head_dim": "qk_rope_head_dim",
+  "v_head_dim": "v_head_dim",
+  "vocab_size": "vocab_size",
+  "rms_norm_eps": "normalization_layer_epsilon",
+}
+
+
+def check_config(hf_config: dict, cfg, *, model: str) -> None:
+  """One line naming the first HF config.json value that differs from the MaxText model's."""
+  for hf_key, mt_key in CONFIG_KEYS.items():
+    if hf_key not in hf_config or hf_config[hf_key] is None:
+      continue
+    hf_val, mt_val = hf_config[hf_key], getattr(cfg, mt_key)
+    if (float(hf_val) != float(mt_val)) if isinstance(hf_val, float) else hf_val != mt_val:
+      raise UserError(
+        f"config.json has {hf_key}={hf_val} but model {model} has {mt_key}={mt_val}: "
+        "the checkpoint is a different model; pick the matching --model or override its keys"
+      )
+  mtp = int(hf_config.get("num_nextn_predict_layers", 0) or 0)
+  if cfg.mtp_num_layers > mtp:
+    raise UserError(
+      f"model {model} has mtp_num_layers={cfg.mtp_num_layers} but the checkpoint has {mtp} MTP layer(s); "
+      "pass mtp_num_layers=0 to convert without MTP"
+    )
+
+
+def hf_config_for(cfg, *, torch_dtype: str = "bfloat16") -> dict:
+  """A transformers DeepseekV3 config.json for the MaxText model `cfg` (used by the export)."""
+  out = {hf: getattr(cfg, mt) for hf, mt in CONFIG_KEYS.items()}
+  rope = {"rope_type": "default", "rope_theta": float(cfg.rope_max_timescale)}
+  if str(cfg.rope_type) == "yarn":
+    rope |= {
+      "rope_type": "yarn",
+      "factor": float(cfg.rope_factor),
+      "original_max_position_embeddings": int(cfg.original_max_position_embeddings),
+      "beta_fast": float(cfg.beta_fast),
+      "beta_slow": float(cfg.beta_slow),
+      "mscale": float(cfg.mscale),
+      "mscale_all_dim": float(cfg.mscale),
+    }
+  return out | {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_key_value_heads": cfg.num_kv_heads,
+    "num_nextn_predict_layers": cfg.mtp_num_layers,
+    "max_position_embeddings": int(cfg.max_position_embeddings),
+    "norm_topk_prob": True,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "hidden_act": "silu",
+    "rope_interleave": bool(cfg.rope_interleave),
+    "rope_parameters": rope,
+    "tie_word_embeddings": False,
+    "torch_dtype": torch_dtype,
+  }

@@ -1,0 +1,145 @@
+"""Writing and reading MaxText parameter checkpoints (Orbax) one tensor group at a time.
+
+Orbax writes a NumPy leaf with one TensorStore write of the whole array, so a scanned MoE leaf
+([experts, layers, D, F]: 436 GB for DeepSeek-V3's wi_0) would have to exist in memory at once.
+`StreamedLeaf` is a leaf that knows its shape and how to produce itself chunk by chunk; its Orbax
+`TypeHandler` (Orbax's extension point for new leaf types) builds the same TensorStore spec Orbax
+builds for a NumPy array, with the chunk grid set to our chunk shape, and writes chunk after chunk.
+On disk the result is an ordinary Orbax PyTree checkpoint of arrays, which MaxText's
+`load_parameters_path` reads (tests/test_convert.py loads it through MaxText's own loader).
+
+Reading back (`LeafReader`) opens a leaf through Orbax's read spec and reads slices, so the export
+side is bounded the same way.
+"""
+
+import asyncio
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+from orbax.checkpoint._src.serialization import type_handlers as ocp_type_handlers
+from orbax.checkpoint._src.serialization import types as ocp_types
+
+Chunk = tuple[tuple[slice, ...], np.ndarray]
+ITEMS = "items"  # the PyTree's directory inside a checkpoint; load_parameters_path = <out>/items
+
+
+@dataclass(frozen=True)
+class StreamedLeaf:
+  """A checkpoint leaf of `shape`/`dtype` produced as (index, block) chunks of `chunk_shape`."""
+
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  chunk_shape: tuple[int, ...]
+  chunks: Callable[[], Iterator[Chunk]]
+  on_chunk: Callable[[int], None] = lambda nbytes: None
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.shape))
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * np.dtype(self.dtype).itemsize
+
+
+class StreamedLeafHandler(ocp_type_handlers.NumpyHandler):
+  """Writes a StreamedLeaf chunk by chunk into the TensorStore array Orbax would have created for it.
+  Restores as a NumPy array (typestr 'np.ndarray'), so readers see a plain array checkpoint."""
+
+  def __init__(self):
+    super().__init__(deepcopy_host_arrays=False)
+
+  async def _write_leaf(self, leaf: StreamedLeaf, info: ocp_types.ParamInfo, arg: ocp_types.SaveArgs | None):
+    await info.await_path_creation()
+    spec = ts_utils.build_array_write_spec(
+      info=info,
+      arg=arg,
+      global_shape=leaf.shape,
+      local_shape=leaf.chunk_shape,  # the zarr chunk grid: one of our chunks per TensorStore chunk
+      dtype=np.dtype(leaf.dtype),
+      use_ocdbt=info.is_ocdbt_checkpoint,
+      process_index=0,
+    )
+    store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+    for index, block in leaf.chunks():
+      await store[index].write(np.asarray(block, leaf.dtype))
+      leaf.on_chunk(block.nbytes)
+
+  async def serialize(self, values, infos, args=None):
+    args = args or [None] * len(values)
+
+    async def write_all():  # leaves one after another: one chunk in memory at a time
+      for leaf, info, arg in zip(values, infos, args, strict=True):
+        await self._write_leaf(leaf, info, arg)
+
+    from orbax.checkpoint._src.futures import future  # pylint: disable=import-outside-toplevel
+
+    return [future.CommitFutureAwaitingContractedSignals(write_all(), name="streamed_leaf_handler")]
+
+
+ocp.type_handlers.register_type_handler(StreamedLeaf, StreamedLeafHandler(), override=True)
+
+
+def save_tree(out_dir: Path, tree: dict[str, Any]) -> None:
+  """Writes `tree` (leaves: StreamedLeaf or arrays) as a one-step Orbax checkpoint whose step directory
+  is `out_dir` (out_dir/_CHECKPOINT_METADATA, out_dir/items): the layout MaxText's own converter
+  writes, which its loader accepts as out_dir/items. out_dir must not exist; on failure it is removed."""
+  staging = out_dir.parent / f"{out_dir.name}.steps"
+  try:
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+    with ocp.CheckpointManager(staging, options=options, item_names=(ITEMS,)) as mngr:
+      mngr.save(0, args=ocp.args.Composite(**{ITEMS: ocp.args.PyTreeSave(tree)}))
+      mngr.wait_until_finished()
+    (staging / "0").rename(out_dir)
+  except BaseException:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+class LeafReader:
+  """Slices of the leaves of an Orbax PyTree checkpoint, read on demand."""
+
+  def __init__(self, items_dir: Path):
+    self.dir = Path(items_dir)
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+      self.metadata = ckptr.metadata(self.dir).item_metadata
+    self._ocdbt = (self.dir / "manifest.ocdbt").exists()
+    self._zarr3 = any(self.dir.glob("**/zarr.json")) if not self._ocdbt else True
+    self._stores: dict[str, Any] = {}
+
+  def _open(self, name: str):
+    if name not in self._stores:
+      info = ocp_types.ParamInfo(
+        name=name,
+        parent_dir=self.dir,
+        is_ocdbt_checkpoint=self._ocdbt,
+        use_zarr3=self._zarr3,
+        ts_context=ts_utils.get_ts_context(use_ocdbt=self._ocdbt),
+      )
+      spec = ts_utils.build_array_read_spec(info, use_ocdbt=self._ocdbt)
+      self._stores[name] = ts.open(ts.Spec(spec.json), open=True, context=info.ts_context).result()
+    return self._stores[name]
+
+  def shape(self, path: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(self._open(".".join(path)).shape)
+
+  def read(self, path: tuple[str, ...], index: tuple[slice | int, ...] = ()) -> np.ndarray:
+    store = self._open(".".join(path))
+    return np.asarray(store[index].read().result() if index else store.read().result())
+
+
+def run_async(coro):
+  return asyncio.run(coro)
