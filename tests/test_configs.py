@@ -16,11 +16,20 @@ def test_shipped_recipes_cover_the_hardware():
   assert recipes.DEFAULT_RECIPE in ALL_RECIPES
 
 
+def _fake_checkpoint(tmp_path):
+  (tmp_path / "items").mkdir()
+  (tmp_path / "items" / "_METADATA").write_text("{}")
+  return tmp_path / "items"
+
+
 @pytest.mark.parametrize("name", ALL_RECIPES)
-def test_recipe_resolves_and_validates(name, adapter):
+def test_recipe_resolves_and_validates(name, adapter, tmp_path):
   """Config resolution only: nothing is allocated, so the 671B recipes are checked on CPU too."""
-  cfg = adapter.resolve(recipes.recipe_path(name), [])
-  model = name.split("/")[1]
+  finetune = name.endswith("-finetune")
+  overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
+  cfg = adapter.resolve(recipes.recipe_path(name), overrides)
+  assert cfg.finetune == finetune
+  model = name.split("/")[1].removesuffix("-finetune")
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
@@ -42,8 +51,21 @@ def test_every_yaml_parses_and_uses_known_keys(path, adapter):
 def test_recipe_sets_no_key_its_model_file_also_sets(name):
   """MaxText merges models/<model_name>.yml over the base chain, so such a recipe key would be silently lost."""
   recipe = yaml.safe_load((CONFIGS / "recipes" / f"{name}.yml").read_text())
-  model = yaml.safe_load((CONFIGS / "models" / f"{recipe['model_name']}.yml").read_text())
+  model_name = recipe.get("model_name") or name.split("/")[1].removesuffix("-finetune")
+  model = yaml.safe_load((CONFIGS / "models" / f"{model_name}.yml").read_text())
   assert set(recipe) & set(model) == set()
+
+
+def test_finetune_recipe_refuses_to_start_from_random_weights(adapter, tmp_path):
+  from maxtext_moe.errors import UserError
+
+  path = recipes.recipe_path("cpu/deepseek3-tiny-finetune")
+  with pytest.raises(UserError, match="finetune=true needs weights to start from: set load_parameters_path"):
+    adapter.resolve(path, [])
+  with pytest.raises(UserError, match="does not exist"):
+    adapter.resolve(path, [f"load_parameters_path={tmp_path / 'nope'}"])
+  with pytest.raises(UserError, match="is not an Orbax checkpoint"):
+    adapter.resolve(path, [f"load_parameters_path={tmp_path}"])
 
 
 def test_every_model_file_is_used_by_a_recipe():

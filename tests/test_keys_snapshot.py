@@ -12,6 +12,7 @@ SNAPSHOT = (
   "progress",
   "metrics_jsonl",
   "loss_plot",
+  "finetune",
 )
 
 

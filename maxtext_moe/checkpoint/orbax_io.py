@@ -12,7 +12,7 @@ Reading back (`LeafReader`) opens a leaf through Orbax's read spec and reads sli
 side is bounded the same way.
 """
 
-import asyncio
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,7 +98,8 @@ def save_tree(out_dir: Path, tree: dict[str, Any]) -> None:
   staging = out_dir.parent / f"{out_dir.name}.steps"
   try:
     options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
-    with ocp.CheckpointManager(staging, options=options, item_names=(ITEMS,)) as mngr:
+    handlers = {ITEMS: ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)}  # MaxText's own defaults
+    with ocp.CheckpointManager(staging, options=options, item_handlers=handlers) as mngr:
       mngr.save(0, args=ocp.args.Composite(**{ITEMS: ocp.args.PyTreeSave(tree)}))
       mngr.wait_until_finished()
     (staging / "0").rename(out_dir)
@@ -114,10 +115,9 @@ class LeafReader:
 
   def __init__(self, items_dir: Path):
     self.dir = Path(items_dir)
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-      self.metadata = ckptr.metadata(self.dir).item_metadata
-    self._ocdbt = (self.dir / "manifest.ocdbt").exists()
-    self._zarr3 = any(self.dir.glob("**/zarr.json")) if not self._ocdbt else True
+    meta = json.loads((self.dir / "_METADATA").read_text())  # Orbax's PyTree metadata file
+    self._ocdbt = bool(meta.get("use_ocdbt"))
+    self._zarr3 = bool(meta.get("use_zarr3"))
     self._stores: dict[str, Any] = {}
 
   def _open(self, name: str):
@@ -139,7 +139,3 @@ class LeafReader:
   def read(self, path: tuple[str, ...], index: tuple[slice | int, ...] = ()) -> np.ndarray:
     store = self._open(".".join(path))
     return np.asarray(store[index].read().result() if index else store.read().result())
-
-
-def run_async(coro):
-  return asyncio.run(coro)

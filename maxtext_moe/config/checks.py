@@ -130,10 +130,29 @@ def check_dropless_block_applies(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {fix}")
 
 
+def check_finetune_has_weights(cfg: Any) -> None:
+  """A fine-tuning recipe must load weights; a local checkpoint must exist and look like Orbax's."""
+  path = cfg.load_parameters_path or cfg.load_full_state_path
+  if getattr(cfg, "finetune", False) and not path:
+    raise ValueError(
+      "finetune=true needs weights to start from: set load_parameters_path=OUT/items "
+      "(OUT of 'maxtext-moe convert hf-to-maxtext')"
+    )
+  if path and "://" not in str(path):
+    from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+    p = Path(path)
+    if not p.exists():
+      raise ValueError(f"checkpoint {path} does not exist (load_parameters_path/load_full_state_path)")
+    if not (p / "_METADATA").is_file() and not (p / "items" / "_METADATA").is_file():
+      raise ValueError(f"{path} is not an Orbax checkpoint (no _METADATA): pass OUT/items of the converter")
+
+
 ALL_CHECKS = (
   check_one_auto_axis,
   check_layout_fits_devices,
   check_experts_divisible_by_ep,
   check_topk_routing,
   check_dropless_block_applies,
+  check_finetune_has_weights,
 )

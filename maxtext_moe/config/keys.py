@@ -79,6 +79,11 @@ class PluginKeys(BaseModel):
   loss_plot: str = Field(
     "loss.png", description="Loss-curve PNG written at the end, relative to the run directory; empty to skip."
   )
+  finetune: bool = Field(
+    False,
+    description="A fine-tuning run: refuse to start unless load_parameters_path (or load_full_state_path) "
+    "names a checkpoint, so a run can never silently start from random weights. Set by *-finetune recipes.",
+  )
 
 
 PLUGIN_KEY_NAMES: tuple[str, ...] = tuple(PluginKeys.model_fields)
