@@ -58,6 +58,11 @@ def _cmd_recipes(ns: argparse.Namespace) -> int:
 
 
 def _cmd_bench(ns: argparse.Namespace) -> int:
+  if ns.which == "convert":
+    from maxtext_moe.bench import convert
+
+    convert.run(as_json=ns.json, workdir=ns.workdir)
+    return 0
   from maxtext_moe.bench import moe
 
   moe.run(as_json=ns.json, backends=ns.backends)
@@ -126,9 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     description="moe: grouped-GEMM efficiency per backend (vs a dense matmul of equal FLOPs), MaxText "
     "RoutedMoE forward+backward time for stock sparse_matmul, stock dense_matmul and ours, and the "
     "all_to_all dispatcher's dedup ratio at EP=8. Shapes are documented in maxtext_moe/bench/moe.py. "
-    "About 2-3 minutes on 2 CPU cores.",
+    "About 2-3 minutes on 2 CPU cores. convert: HF FP8 -> MaxText conversion of a synthetic ~1.5 GB "
+    "checkpoint: GB/s next to a plain file copy, and peak memory over the largest tensor group "
+    "(maxtext_moe/bench/convert.py). Needs ~5 GB of temporary disk.",
   )
-  p.add_argument("which", choices=["moe"], help="which benchmark")
+  p.add_argument("which", choices=["moe", "convert"], help="which benchmark")
+  p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
   p.add_argument("--json", action="store_true", help="also print the results as one JSON object (last line)")
   p.add_argument(
     "--backends",

@@ -80,6 +80,14 @@ class LeafPlan:
   expert_axis: int | None
   transpose: bool
   in_dims: int
+  rows_per_chunk: int = 0  # > 0: split each slice into blocks of this many HF rows (big tensors only)
+
+  @property
+  def row_axis(self) -> int | None:
+    """The leaf axis that holds HF's rows (its first dim), when exactly one axis does."""
+    axes = [i for i in range(len(self.leaf.shape)) if i not in (self.layer_axis, self.expert_axis)]
+    rows = axes[self.in_dims :] if self.transpose else axes[:1]
+    return rows[0] if len(rows) == 1 else None
 
   @property
   def slice_shape(self) -> tuple[int, ...]:
@@ -96,7 +104,7 @@ class LeafPlan:
     return (prod(s[self.in_dims :]), prod(s[: self.in_dims])) if self.transpose else s
 
   def slices(self) -> Iterator[tuple[str, tuple[slice, ...]]]:
-    """(HF name, MaxText index) for every slice of the leaf."""
+    """(HF name, MaxText index) for every whole (layer, expert) slice of the leaf."""
     n_layers = self.leaf.shape[self.layer_axis] if self.layer_axis is not None else 1
     n_experts = self.leaf.shape[self.expert_axis] if self.expert_axis is not None else 1
     for li in range(n_layers):
@@ -108,10 +116,32 @@ class LeafPlan:
           index[self.expert_axis] = slice(e, e + 1)
         yield self.hf_template.format(layer=self.first_layer + li, e=e), tuple(index)
 
-  def to_maxtext(self, hf):
-    """HF tensor -> MaxText chunk (with size-1 layer/expert axes)."""
+  def chunks(self) -> Iterator[tuple[str, slice, tuple[slice, ...]]]:
+    """(HF name, HF row range, MaxText index): `slices`, each cut into `rows_per_chunk`-row blocks."""
+    axis = self.row_axis
+    for name, index in self.slices():
+      n_rows = self.hf_shape[0] if self.hf_shape else 1
+      step = self.rows_per_chunk if self.rows_per_chunk > 0 and axis is not None else n_rows
+      for r in range(0, max(n_rows, 1), max(step, 1)):
+        rows = slice(r, min(r + step, n_rows))
+        if step == n_rows:
+          yield name, rows, index
+        else:
+          yield name, rows, tuple(rows if i == axis else s for i, s in enumerate(index))
+
+  def write_chunk_shape(self) -> tuple[int, ...]:
+    """The chunk grid: one (layer, expert) slice, or a block of `rows_per_chunk` rows of it."""
+    shape = list(self.chunk_shape)
+    if self.rows_per_chunk > 0 and self.row_axis is not None:
+      shape[self.row_axis] = min(self.rows_per_chunk, shape[self.row_axis])
+    return tuple(shape)
+
+  def to_maxtext(self, hf, index: tuple[slice, ...] | None = None):
+    """HF tensor (or a block of its rows) -> MaxText chunk for `index` (size-1 layer/expert axes)."""
     x = hf.T if self.transpose else hf
-    return x.reshape(self.chunk_shape)
+    if index is None:
+      return x.reshape(self.chunk_shape)
+    return x.reshape(tuple(len(range(*s.indices(d))) for s, d in zip(index, self.leaf.shape, strict=True)))
 
   def to_hf(self, chunk):
     """MaxText chunk -> HF tensor (inverse of `to_maxtext`)."""
@@ -120,8 +150,12 @@ class LeafPlan:
     return x.reshape(prod(s[: self.in_dims]), prod(s[self.in_dims :])).T if self.transpose else x
 
 
-def plan(leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int) -> list[LeafPlan]:
-  """A LeafPlan for every MaxText leaf; a leaf this mapping does not know is an error, not a silent skip."""
+def plan(
+  leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int, max_chunk_elems: int = 32 * 2**20
+) -> list[LeafPlan]:
+  """A LeafPlan for every MaxText leaf; a leaf this mapping does not know is an error, not a silent skip.
+  Slices above `max_chunk_elems` (the embeddings) are cut into blocks of whole 128-row groups (FP8
+  scale blocks stay whole), so no chunk is bigger than that."""
   plans = []
   for leaf in leaves:
     path = leaf.path[1:]  # drop the collection ("params" / "MoEBiasVar")
@@ -145,7 +179,21 @@ def plan(leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int) -> li
       raise UserError(f"no Hugging Face mapping for MaxText parameter {'/'.join(leaf.path)}")
     name, transpose, in_dims, first = found
     template = name if name.startswith(("model.", "lm_head")) else f"model.layers.{{layer}}.{name}"
-    plans.append(LeafPlan(leaf, template, first, layer_axis, expert_axis, transpose, in_dims))
+    p = LeafPlan(leaf, template, first, layer_axis, expert_axis, transpose, in_dims)
+    elems, rows = prod(p.slice_shape), (p.hf_shape or (1,))[0]
+    if elems > max_chunk_elems and p.row_axis is not None:
+      per_row = elems // rows
+      p = LeafPlan(
+        leaf,
+        template,
+        first,
+        layer_axis,
+        expert_axis,
+        transpose,
+        in_dims,
+        max(1, max_chunk_elems // per_row // 128) * 128,
+      )
+    plans.append(p)
   return plans
 
 
