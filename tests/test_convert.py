@@ -212,11 +212,11 @@ def test_existing_output_needs_force_and_survives_a_failed_replacement(tmp_path,
   calls = {"n": 0}
   real = HFCheckpoint.weight
 
-  def failing(self, name, *, block):
+  def failing(self, name, **kw):
     calls["n"] += 1
     if calls["n"] == 20:
       raise OSError("disk went away")
-    return real(self, name, block=block)
+    return real(self, name, **kw)
 
   monkeypatch.setattr(HFCheckpoint, "weight", failing)
   with pytest.raises(OSError, match="disk went away"):
