@@ -78,9 +78,8 @@ def _cmd_convert(ns: argparse.Namespace) -> int:
     summary = convert.hf_to_maxtext(ns.hf, ns.model, ns.out, overrides=ns.overrides, dtype=ns.dtype, force=ns.force)
     print(f"maxtext-moe: wrote {summary['bytes_written'] / 1e9:.2f} GB in {summary['seconds']:.1f} s to {ns.out}")
     if summary["ignored_hf_tensors"]:
-      print(
-        f"maxtext-moe: {len(summary['ignored_hf_tensors'])} HF tensors have no place in this model and were left out"
-      )
+      n = len(summary["ignored_hf_tensors"])
+      print(f"maxtext-moe: left out {n} HF tensors this model has no place for: {summary['ignored_summary']}")
     print(f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']}")
   else:
     if not ns.ckpt:

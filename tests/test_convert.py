@@ -102,6 +102,7 @@ def test_finetune_starts_at_the_reference_models_loss(tmp_path, adapter):
   ckpt = convert.hf_to_maxtext(
     str(FIXTURE / "bf16"), MODEL, str(tmp_path / "ckpt"), overrides=[*SHAPE, "mtp_num_layers=0"], dtype="float32"
   )
+  assert "model.layers.3.* (66 tensors; an MTP module: pass mtp_num_layers=1 to keep it)" in ckpt["ignored_summary"]
   common = [*SHAPE, "mtp_num_layers=0", "dataset_type=synthetic", "steps=2", "per_device_batch_size=2"]
   common += ["max_target_length=24", f"base_output_directory={tmp_path / 'runs'}", "progress=silent"]
   for recipe, name, extra in [

@@ -15,8 +15,10 @@ Training loads the result with load_parameters_path=OUT/items.
 
 import json
 import os
+import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -218,10 +220,24 @@ def hf_to_maxtext(
       "bytes_written": progress.done,
       "seconds": round(time.perf_counter() - start, 3),
       "ignored_hf_tensors": ignored,
+      "ignored_summary": _describe_ignored(ignored, cfg),
       "load_parameters_path": str(Path(out).absolute() / "items"),
     }
     (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _describe_ignored(names: list[str], cfg) -> str:
+  """'model.layers.61.* (19 tensors; an MTP module: pass mtp_num_layers=1 to keep it)' and the like."""
+  groups = Counter(re.sub(r"^(model\.layers\.\d+)\..*", r"\1.*", n) for n in names)
+  parts = []
+  for prefix, count in sorted(groups.items()):
+    m = re.fullmatch(r"model\.layers\.(\d+)\.\*", prefix)
+    hint = ""
+    if m and int(m.group(1)) >= cfg.num_decoder_layers:
+      hint = f"; an MTP module: pass mtp_num_layers={int(m.group(1)) - cfg.num_decoder_layers + 1} to keep it"
+    parts.append(f"{prefix} ({count} tensors{hint})")
+  return ", ".join(parts)
 
 
 def _items_dir(ckpt_dir: str) -> Path:

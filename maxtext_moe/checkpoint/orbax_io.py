@@ -119,7 +119,19 @@ def _chunk_bytes(leaf: StreamedLeaf) -> int:
   return int(np.prod(leaf.chunk_shape)) * np.dtype(leaf.dtype).itemsize
 
 
-ocp.type_handlers.register_type_handler(StreamedLeaf, StreamedLeafHandler(), override=True)
+def _register() -> None:
+  """Orbax warns that our handler shares np.ndarray's typestr: that is the point (it restores as one)."""
+  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+  level = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(StreamedLeaf, StreamedLeafHandler(), override=True)
+  finally:
+    absl_logging.set_verbosity(level)
+
+
+_register()
 
 
 def save_tree(out_dir: Path, tree: dict[str, Any]) -> None:
