@@ -64,7 +64,7 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
   tmp.rename(out)
 
 
-def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = 32 * 2**20):
+def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
   """(MaxText config, LeafPlans) for recipe `model` laid out on one device."""
   from maxtext_moe import maxtext_adapter
   from maxtext_moe.config.recipes import recipe_path
@@ -171,7 +171,7 @@ def hf_to_maxtext(
   overrides: list[str] = (),
   dtype: str = "bfloat16",
   force: bool = False,
-  max_chunk_elems: int = 32 * 2**20,
+  max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS,
 ) -> dict[str, Any]:
   """Converts a Hugging Face DeepSeek-V3 checkpoint to a MaxText parameter checkpoint at OUT/items.
   `max_chunk_elems` bounds the unit written at once (tensors above it are cut into row blocks)."""

@@ -58,6 +58,9 @@ _MTP = {
 # HF tensors that MaxText does not store (copies of the main model's).
 HF_SKIPPED = re.compile(r"model\.layers\.\d+\.(embed_tokens|shared_head\.head)\.weight$")
 _LAYER_AXES = ("dense_layers", "moe_layers", "layers")
+# Slices above this many elements are written in row blocks: 16M elements is 32 MB in bf16, bigger than
+# DeepSeek-V3's expert and attention slices (<= 14.7M), so only the embeddings are cut (into ~57 blocks).
+MAX_CHUNK_ELEMS = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class LeafPlan:
 
 
 def plan(
-  leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int, max_chunk_elems: int = 32 * 2**20
+  leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int, max_chunk_elems: int = MAX_CHUNK_ELEMS
 ) -> list[LeafPlan]:
   """A LeafPlan for every MaxText leaf; a leaf this mapping does not know is an error, not a silent skip.
   Slices above `max_chunk_elems` (the embeddings) are cut into blocks of whole 128-row groups (FP8

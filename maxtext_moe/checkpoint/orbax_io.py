@@ -28,6 +28,9 @@ from orbax.checkpoint._src.serialization import type_handlers as ocp_type_handle
 from orbax.checkpoint._src.serialization import types as ocp_types
 
 Chunk = tuple[tuple[slice, ...], np.ndarray]
+# Bytes in flight + the chunk being made stay under this many largest chunks (at most 16M elements each,
+# deepseek.MAX_CHUNK_ELEMS). 4 vs 1: 11.5 s vs 18.7 s for the 2.8 GB `bench convert`, +33 MB peak RSS.
+INFLIGHT_CHUNKS = 4
 ITEMS = "items"  # the PyTree's directory inside a checkpoint; load_parameters_path = <out>/items
 
 
@@ -76,10 +79,10 @@ class StreamedLeafHandler(ocp_type_handlers.NumpyHandler):
 
   async def serialize(self, values, infos, args=None):
     """Leaves one after another, chunk after chunk. Writes overlap with producing the next chunks while
-    the bytes in flight plus the chunk being made stay under one largest chunk: memory is about two
-    largest chunks (the one being made and its source), never a leaf."""
+    the bytes in flight plus the chunk being made stay under INFLIGHT_CHUNKS largest chunks: memory is
+    a few chunks, never a leaf."""
     args = args or [None] * len(values)
-    budget = max(_chunk_bytes(v) for v in values)
+    budget = INFLIGHT_CHUNKS * max(_chunk_bytes(v) for v in values)
 
     async def write_all():
       inflight: collections.deque = collections.deque()  # (commit future, bytes, progress callback)
