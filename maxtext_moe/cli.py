@@ -3,6 +3,7 @@
   maxtext-moe train [RECIPE] [key=value ...]    run MaxText's trainer on a recipe (default: tiny CPU model)
   maxtext-moe config RECIPE [key=value ...]     print the resolved config and what our layers changed
   maxtext-moe recipes                           list the shipped recipes
+  maxtext-moe flags RECIPE [key=value ...]      print the recipe's XLA/NCCL environment as export lines
   maxtext-moe bench moe [--json]                MoE benchmark table (GEMM efficiency, layer speed, dedup)
   maxtext-moe convert hf-to-maxtext --hf DIR --model RECIPE --out DIR     HF DeepSeek-V3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --model RECIPE --out DIR   MaxText -> HF (bf16)
@@ -69,6 +70,21 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
   return 0
 
 
+def _cmd_flags(ns: argparse.Namespace) -> int:
+  from maxtext_moe import maxtext_adapter
+  from maxtext_moe.config.recipes import recipe_path
+  from maxtext_moe.launch import flags
+
+  recipe, overrides = _split(ns.args)
+  if recipe is None:
+    raise UserError("flags needs a RECIPE (see 'maxtext-moe recipes')")
+  run_flags = flags.for_config(maxtext_adapter.resolve(recipe_path(recipe), overrides))
+  if not ns.no_check:
+    flags.probe(run_flags.xla_flags)
+  print(run_flags.export_lines())
+  return 0
+
+
 def _cmd_convert(ns: argparse.Namespace) -> int:
   from maxtext_moe.checkpoint import convert
 
@@ -120,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--all", action="store_true", help="print every key, not only the ones that differ")
   p.add_argument("--keys", action="store_true", help="list the plugin's own keys with their descriptions")
   p.set_defaults(func=_cmd_config)
+
+  p = sub.add_parser(
+    "flags",
+    help="print a recipe's XLA/NCCL environment as export lines",
+    epilog='Example, in a SLURM script: eval "$(maxtext-moe flags gb200-nvl72/deepseek3-671b)"',
+    description="Resolve RECIPE plus overrides and print the `export` lines of its flag profile "
+    "(configs/flags/profiles.yml, chosen by recipe_hardware or flag_profile) plus xla_flags_extra and "
+    "env_extra. Every XLA flag is first checked against the installed jaxlib. `train` applies the same "
+    "environment itself.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--no-check", action="store_true", help="skip checking the XLA flags against the installed jaxlib")
+  p.set_defaults(func=_cmd_flags)
 
   p = sub.add_parser("recipes", help="list the shipped recipes", description="List configs/recipes/<hw>/<model>.")
   p.set_defaults(func=_cmd_recipes)

@@ -12,6 +12,9 @@ SNAPSHOT = (
   "progress",
   "metrics_jsonl",
   "loss_plot",
+  "flag_profile",
+  "xla_flags_extra",
+  "env_extra",
   "finetune",
 )
 

@@ -1,5 +1,7 @@
 """End-to-end: the real CLI trains the tiny model through MaxText's trainer on CPU, then resumes."""
 
+import json
+
 import pytest
 
 from conftest import run_cli
@@ -46,3 +48,17 @@ def test_train_eight_devices_fsdp(tmp_path):
   assert "on 8 cpu device(s)" in r.stdout
   losses = _losses(tmp_path / "runs" / "fsdp")
   assert len(losses) == 8 and sum(losses[-3:]) / 3 < 0.9 * losses[0], losses
+
+
+def test_flag_profile_is_applied_by_re_executing(tmp_path):
+  """A GPU flag profile on CPU: the launcher re-executes itself so XLA starts with the profile's XLA_FLAGS
+  (which XLA:CPU accepts and ignores), keeping the caller's own flags; the run records what it ran with."""
+  args = ["train", "steps=1", "run_name=flags", "per_device_batch_size=1", "flag_profile=gb200", *FAST[1:]]
+  r = run_cli([*args, "env_extra=[MAXTEXT_MOE_PROBE=1]"], cwd=tmp_path, devices=2)
+  _check_ok(r)
+  env = json.loads((tmp_path / "runs" / "flags" / "flags.json").read_text())["env"]
+  xla = env["XLA_FLAGS"].split()
+  assert "--xla_gpu_experimental_enable_collective_multi_streaming=true" in xla
+  assert "--xla_force_host_platform_device_count=2" in xla
+  assert env["MAXTEXT_MOE_PROBE"] == "1" and env["NCCL_MNNVL_ENABLE"] == "1"
+  assert "on 2 cpu device(s)" in r.stdout

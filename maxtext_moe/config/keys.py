@@ -24,6 +24,19 @@ class Hardware(StrEnum):
   GB300 = "gb300"
 
 
+class FlagProfile(StrEnum):
+  """Which XLA/NCCL flag profile (configs/flags/profiles.yml) a run uses."""
+
+  AUTO = "auto"  # the one named by recipe_hardware
+  DISABLED = "disabled"  # not "none"/"off" (see Progress)
+  CPU = "cpu"
+  H100 = "h100"
+  H200 = "h200"
+  B200 = "b200"
+  GB200 = "gb200"
+  GB300 = "gb300"
+
+
 class Progress(StrEnum):
   """How the launcher shows per-step progress."""
 
@@ -78,6 +91,20 @@ class PluginKeys(BaseModel):
   )
   loss_plot: str = Field(
     "loss.png", description="Loss-curve PNG written at the end, relative to the run directory; empty to skip."
+  )
+  flag_profile: FlagProfile = Field(
+    FlagProfile.AUTO,
+    description="XLA/NCCL flag profile from configs/flags/profiles.yml: auto (the recipe_hardware's), "
+    "a hardware name, or disabled. Printed by 'maxtext-moe flags RECIPE'.",
+  )
+  xla_flags_extra: list[str] = Field(
+    default_factory=list,
+    description="More XLA flags (--xla_name=value) after the profile's; one with the same name replaces "
+    "the profile's. Each is checked against the installed jaxlib before launch.",
+  )
+  env_extra: list[str] = Field(
+    default_factory=list,
+    description="More environment variables (KEY=VALUE) after the profile's, e.g. NCCL_DEBUG=INFO.",
   )
   finetune: bool = Field(
     False,

@@ -1,6 +1,7 @@
 """`maxtext-moe train`: resolve a recipe, prepare what it needs, run MaxText's trainer, report."""
 
 import datetime
+import json
 import os
 import re
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Any
 
 from maxtext_moe.config import checks, recipes
 from maxtext_moe.errors import UserError
+from maxtext_moe.launch import flags
 
 
 def derived_overrides(cfg: Any) -> list[str]:
@@ -84,9 +86,16 @@ def train(recipe: str | None, overrides: list[str], *, verbose: bool = False) ->
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
   path, full, cfg = prepare(recipe, overrides)
+  run_flags = flags.for_config(cfg)
+  flags.probe(run_flags.xla_flags)
+  argv = ["train", *([recipe] if recipe else []), *overrides, *(["--verbose"] if verbose else [])]
+  flags.ensure_applied(run_flags, argv)  # re-executes when XLA_FLAGS/env must change (read at backend start)
   check_visible_devices(cfg, visible=jax.device_count())
   check_platform(cfg, platform=jax.default_backend())
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
+  run_dir.mkdir(parents=True, exist_ok=True)
+  applied = {k: os.environ.get(k) for k in run_flags.full_env()}  # what this process really runs with
+  (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
   recorder = RunRecorder(
     run_dir=run_dir,
     total_steps=cfg.steps,

@@ -1,0 +1,108 @@
+"""XLA/NCCL flag profiles: composed per recipe, probed against the installed jaxlib, printed as shell."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from maxtext_moe.config import recipes
+from maxtext_moe.errors import UserError
+from maxtext_moe.launch import flags
+
+PROFILES = ["h100", "h200", "b200", "gb200", "gb300"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # every probe really runs
+
+
+@pytest.mark.parametrize("name", recipes.list_recipes())
+def test_every_recipe_resolves_its_profile(name, adapter):
+  overrides = ["finetune=false"] if name.endswith("-finetune") else []  # no checkpoint needed here
+  cfg = adapter.resolve(recipes.recipe_path(name), overrides)
+  got = flags.for_config(cfg)
+  if name.startswith("cpu/"):
+    assert got.full_env() == {}
+    return
+  names = [f.split("=")[0] for f in got.xla_flags]
+  assert "--xla_gpu_experimental_enable_collective_multi_streaming" in names
+  assert "--xla_gpu_enable_latency_hiding_scheduler" in names
+  hopper = str(cfg.recipe_hardware) in ("h100", "h200")
+  assert (got.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == hopper, "Hopper only, never on Blackwell"
+  assert ("--xla_gpu_enable_command_buffer=" in got.xla_flags) == hopper
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_pass_the_installed_jaxlib(name):
+  flags.probe(flags.profile(name).xla_flags)  # raises UserError naming a flag this jaxlib lacks
+
+
+@pytest.mark.parametrize(
+  ("flag", "message"),
+  [
+    ("--xla_gpu_enable_latency_hiding_schedular=true", "is not a flag of the installed jaxlib"),
+    ("--xla_gpu_enable_latency_hiding_scheduler=maybe", "has a value rejected by the installed jaxlib"),
+  ],
+)
+def test_bad_flag_is_named_with_the_jaxlib_version(flag, message):
+  from importlib.metadata import version
+
+  good = flags.profile("gb200").xla_flags
+  with pytest.raises(UserError) as e:
+    flags.probe([*good, flag])
+  assert f"XLA flag {flag} {message} {version('jaxlib')}" in str(e.value)
+
+
+def test_extra_flags_replace_the_profiles_and_env_extra_adds(adapter, monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  cfg = adapter.resolve(
+    recipes.recipe_path("gb200-nvl72/deepseek3-671b"),
+    ["xla_flags_extra=[--xla_gpu_experimental_parallel_collective_overlap_limit=4]", "env_extra=[NCCL_DEBUG=INFO]"],
+  )
+  got = flags.for_config(cfg)
+  limits = [f for f in got.xla_flags if "parallel_collective_overlap_limit" in f]
+  assert limits == ["--xla_gpu_experimental_parallel_collective_overlap_limit=4"]
+  assert got.env["NCCL_DEBUG"] == "INFO" and got.env["NCCL_MNNVL_ENABLE"] == "1"
+  with pytest.raises(UserError, match="is not of the form --xla_name=value"):
+    flags.for_config(adapter.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), ["xla_flags_extra=[oops]"]))
+
+
+def test_flags_command_prints_valid_shell(tmp_path):
+  proc = run_cli(["flags", "b200x8/deepseek3-proxy-16b"], cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  script = proc.stdout
+  assert subprocess.run(["bash", "-n"], input=script, text=True, check=False).returncode == 0
+  shown = subprocess.run(
+    ["bash", "-c", script + '\nprintf "%s|%s" "$XLA_FLAGS" "${CUDA_DEVICE_MAX_CONNECTIONS-unset}"'],
+    capture_output=True,
+    text=True,
+    check=True,
+    env={"PATH": os.environ["PATH"]},
+  ).stdout
+  xla, cuda = shown.split("|")
+  assert "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL" in xla.split()
+  assert "--xla_force_host_platform_device_count=1" in xla.split(), "the caller's own XLA_FLAGS are kept"
+  assert cuda == "unset"
+
+
+def test_a_sharded_step_compiles_with_a_gpu_profile_on_cpu():
+  """The GB200 profile's XLA_FLAGS parse, and a sharded jitted step compiles and runs under them (CPU)."""
+  env = dict(os.environ, **flags.profile("gb200").full_env())
+  env["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+  code = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("x",))
+x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("x")))
+f = jax.jit(lambda a: (a @ a.T).sum(), out_shardings=NamedSharding(mesh, P()))
+assert "all-reduce" in f.lower(x).compile().as_text()
+print(float(f(x)))
+"""
+  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  a = np.arange(64.0).reshape(8, 8)
+  assert float(proc.stdout.strip()) == pytest.approx(float((a @ a.T).sum()))
