@@ -44,7 +44,7 @@ from maxtext.utils import globals as mt_globals  # noqa: E402
 from maxtext.utils import max_utils, maxtext_utils  # noqa: E402
 from pydantic import model_validator  # noqa: E402
 
-from maxtext_moe.config import checks  # noqa: E402
+from maxtext_moe.config import checks, offload  # noqa: E402
 from maxtext_moe.config.keys import MoEImpl, PluginKeys  # noqa: E402
 from maxtext_moe.errors import UserError  # noqa: E402
 from maxtext_moe.launch import moe_stats  # noqa: E402
@@ -199,11 +199,15 @@ def resolve(config_path: str, overrides: list[str], *, join_cluster: bool = Fals
   Raises:
     UserError: one line describing a bad key, value or layout.
   """
-  argv = ["", str(config_path), *overrides]
   ctx = contextlib.nullcontext() if join_cluster else _no_distributed_init()
   try:
     with ctx:
-      return pyconfig._initialize_pydantic(argv, config_class=MoEMaxTextConfig)  # pylint: disable=protected-access
+      cfg = pyconfig._initialize_pydantic(["", str(config_path), *overrides], config_class=MoEMaxTextConfig)  # pylint: disable=protected-access
+      preset = offload.preset_overrides(cfg.offload)
+      if preset and not set(preset) <= set(overrides):  # a preset sets MaxText's keys; the user's still win
+        argv = ["", str(config_path), *preset, *overrides]
+        cfg = pyconfig._initialize_pydantic(argv, config_class=MoEMaxTextConfig)  # pylint: disable=protected-access
+      return cfg
   except UserError:
     raise
   except (pydantic.ValidationError, ValueError, TypeError, KeyError, omegaconf.errors.OmegaConfBaseException) as e:

@@ -12,6 +12,7 @@ SNAPSHOT = (
   "progress",
   "metrics_jsonl",
   "loss_plot",
+  "offload",
   "flag_profile",
   "xla_flags_extra",
   "env_extra",

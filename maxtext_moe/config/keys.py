@@ -9,6 +9,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.moe.block import DispatchKind
 from maxtext_moe.moe.gemm import GemmBackend
 
@@ -91,6 +92,12 @@ class PluginKeys(BaseModel):
   )
   loss_plot: str = Field(
     "loss.png", description="Loss-curve PNG written at the end, relative to the run directory; empty to skip."
+  )
+  offload: OffloadPreset | None = Field(
+    None,
+    description="Host-offload preset: none, optimizer, optimizer_params, activations or all; sets MaxText's "
+    "optimizer/parameter host-offload keys and a custom remat policy (maxtext_moe/config/offload.py). Needs "
+    "pinned host memory (GPU, TPU and CPU have it).",
   )
   flag_profile: FlagProfile = Field(
     FlagProfile.AUTO,

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from maxtext_moe.config import checks, recipes
+from maxtext_moe.config import checks, offload, recipes
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch import flags
 
@@ -48,6 +48,15 @@ def check_visible_devices(cfg: Any, *, visible: int) -> None:
 
 def check_platform(cfg: Any, *, platform: str) -> None:
   """Settings that need an XLA backend feature this platform lacks."""
+  if cfg.offload is not None:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    try:
+      jax.devices()[0].memory("pinned_host")
+    except Exception:  # pylint: disable=broad-except  # jax raises several types for a missing memory kind
+      raise UserError(
+        f"offload={cfg.offload} needs pinned host memory, which {platform} devices here lack; set offload=none"
+      ) from None
   if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
     raise UserError(
       "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "
@@ -69,7 +78,7 @@ def prepare(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str], 
   _check_overrides(overrides)
   path = recipes.recipe_path(recipe or recipes.DEFAULT_RECIPE)
   cfg = maxtext_adapter.resolve(path, overrides)
-  full = [*overrides, *derived_overrides(cfg)]
+  full = [*offload.preset_overrides(cfg.offload), *overrides, *derived_overrides(cfg)]
   if full != overrides:
     cfg = maxtext_adapter.resolve(path, full)
   return path, full, cfg

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -47,11 +48,16 @@ class MoESettings:
 def expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, *, settings: MoESettings) -> jax.Array:
   """Gated MLP per expert: act(x @ w0) * (x @ w1) @ wo, through the one grouped-GEMM call site."""
 
-  def gmm(x, w):
-    return grouped_matmul(x, w, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes)
+  def gmm(x, w, name):
+    # MaxText's remat names, so remat_policy=custom (and the offload presets) can save or offload them.
+    return checkpoint_name(
+      grouped_matmul(x, w, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes), name
+    )
 
-  hidden_RF = _ACTIVATIONS[settings.activation](gmm(rows_RD, w0_EDF)) * gmm(rows_RD, w1_EDF)
-  return gmm(hidden_RF.astype(rows_RD.dtype), wo_EFD)
+  hidden_RF = _ACTIVATIONS[settings.activation](gmm(rows_RD, w0_EDF, "moe_mlpwi_0")) * gmm(
+    rows_RD, w1_EDF, "moe_mlpwi_1"
+  )
+  return gmm(hidden_RF.astype(rows_RD.dtype), wo_EFD, "moe_mlpwo")
 
 
 def routed_experts(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatcher, settings: MoESettings):

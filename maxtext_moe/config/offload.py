@@ -1,0 +1,40 @@
+"""Host-offload presets: one plugin key (`offload`) that sets MaxText's own offload keys.
+
+  none              nothing on the host (YAML `none` reaches us as None: MaxText turns the string into None)
+  optimizer         Adam moments and master weights live in host memory (optimizer_memory_host_offload)
+  optimizer_params  + parameters (parameter_memory_host_offload; MaxText requires param_scan_axis=0 for it,
+                    which changes the scanned layout of new checkpoints)
+  activations       remat_policy=custom: each layer's input and the big matmul outputs, the MoE ones
+                    included (our block tags them with MaxText's names), go to host memory
+  all               optimizer_params + activations
+
+A preset's keys go before the user's key=value overrides, so an explicit override still wins.
+"""
+
+from enum import StrEnum
+
+
+class OffloadPreset(StrEnum):
+  OPTIMIZER = "optimizer"
+  OPTIMIZER_PARAMS = "optimizer_params"
+  ACTIVATIONS = "activations"
+  ALL = "all"
+
+
+# MaxText's custom-remat tensor names that the activation preset moves to the host; the rest stay 'remat'.
+OFFLOADED_ACTIVATIONS = ("decoder_layer_input", "out_proj", "mlpwo", "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
+
+
+def preset_overrides(preset: OffloadPreset | str | None) -> list[str]:
+  """MaxText key=value overrides for `preset` (None or 'none': no offload)."""
+  if preset in (None, "none"):
+    return []
+  preset = OffloadPreset(preset)
+  out = []
+  if preset in (OffloadPreset.OPTIMIZER, OffloadPreset.OPTIMIZER_PARAMS, OffloadPreset.ALL):
+    out.append("optimizer_memory_host_offload=true")
+  if preset in (OffloadPreset.OPTIMIZER_PARAMS, OffloadPreset.ALL):
+    out += ["parameter_memory_host_offload=true", "param_scan_axis=0"]
+  if preset in (OffloadPreset.ACTIVATIONS, OffloadPreset.ALL):
+    out += ["remat_policy=custom", *(f"{name}=offload" for name in OFFLOADED_ACTIVATIONS)]
+  return out
