@@ -40,24 +40,28 @@ LAYER_OVERRIDES = [
 _REPS = {GemmBackend.RAGGED_DOT, GemmBackend.TOKAMAX}
 
 
-def _gemm_inputs(seed: int = 0):
+def _gemm_inputs(seed: int = 0, shape: dict[str, int] = GEMM, dtype=jnp.float32):
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-  r, d, f, e = GEMM["rows"], GEMM["dim"], GEMM["hidden"], GEMM["experts"]
+  r, d, f, e = shape["rows"], shape["dim"], shape["hidden"], shape["experts"]
   sizes = jnp.bincount(jax.random.randint(k3, (r,), 0, e), length=e).astype(jnp.int32)
-  return jax.random.normal(k1, (r, d)), jax.random.normal(k2, (e, d, f)) / 16, sizes
+  x = jax.random.normal(k1, (r, d), dtype)
+  return x, (jax.random.normal(k2, (e, d, f)) / 16).astype(dtype), sizes
 
 
 def _sq_grad(fn):
   return jax.jit(jax.grad(lambda x, w, s: jnp.sum(fn(x, w, s) ** 2), argnums=(0, 1)))
 
 
-def gemm_efficiency(backends: list[GemmBackend], *, rounds: int = 5, reps: int = 3) -> dict[str, dict[str, float]]:
+def gemm_efficiency(
+  backends: list[GemmBackend], *, rounds: int = 5, reps: int = 3, shape: dict[str, int] = GEMM, dtype=jnp.float32
+) -> dict[str, dict[str, float]]:
   """{backend: {"fwd": dense_time / time, "fwd_bwd": ...}} at the GEMM proxy shape.
 
   On a shared 2-core VM single timings swing by 2x (measured fwd+bwd ratios of 0.36 to 0.63 in four
   back-to-back runs), so each round times the dense baseline and the backend next to each other (best of
   `reps` calls each) and the result is the median of the per-round ratios."""
-  x, w, sizes = _gemm_inputs()
+  x, w, sizes = _gemm_inputs(shape=shape, dtype=dtype)
+  slow = _REPS if jax.default_backend() == "cpu" else set()
 
   def dense(x, w2, s):  # one [D, F] weight: the same FLOPs as the grouped GEMM, forward and backward
     return x @ w2
@@ -71,7 +75,7 @@ def gemm_efficiency(backends: list[GemmBackend], *, rounds: int = 5, reps: int =
       return grouped_matmul(x, w, s, backend=backend)
 
     fns = (jax.jit(gmm), _sq_grad(gmm))
-    n_rounds, n = (1, 2) if backend in _REPS else (rounds, reps)
+    n_rounds, n = (1, 2) if backend in slow else (rounds, reps)
     ratios = {"fwd": [], "fwd_bwd": []}
     for _ in range(n_rounds):
       for key, dense_fn, fn in zip(ratios, dense_fns, fns, strict=True):
