@@ -245,3 +245,27 @@ def test_cli_reports_one_line_and_exit_2(tmp_path):
   )
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: output directory")
+
+
+def test_deepseek_v3_671b_expects_the_published_hf_shapes():
+  """The 671B recipe's plan asks for the tensor names and shapes of deepseek-ai/DeepSeek-V3's checkpoint."""
+  cfg, plans = convert.model_tree("gb200-nvl72/deepseek3-671b", [])
+  want = {
+    "model.embed_tokens.weight": (129280, 7168),
+    "lm_head.weight": (129280, 7168),
+    "model.layers.0.mlp.gate_proj.weight": (18432, 7168),
+    "model.layers.3.mlp.experts.255.down_proj.weight": (7168, 2048),
+    "model.layers.60.mlp.gate.weight": (256, 7168),
+    "model.layers.60.mlp.gate.e_score_correction_bias": (256,),
+    "model.layers.3.mlp.shared_experts.up_proj.weight": (2048, 7168),
+    "model.layers.10.self_attn.q_a_proj.weight": (1536, 7168),
+    "model.layers.10.self_attn.q_b_proj.weight": (24576, 1536),
+    "model.layers.10.self_attn.kv_a_proj_with_mqa.weight": (576, 7168),
+    "model.layers.10.self_attn.kv_b_proj.weight": (32768, 512),
+    "model.layers.10.self_attn.o_proj.weight": (7168, 16384),
+    "model.layers.61.eh_proj.weight": (7168, 14336),
+    "model.layers.61.mlp.experts.0.gate_proj.weight": (2048, 7168),
+  }
+  got = {name: p.hf_shape for p in plans for name, _ in p.slices() if name in want}
+  assert got == want
+  assert cfg.mtp_num_layers == 1
