@@ -125,6 +125,15 @@ def test_finetune_starts_at_the_reference_models_loss(tmp_path, adapter):
   assert first["ft"] == pytest.approx(reference, abs=1e-5)
   assert abs(first["scratch"] - reference) > 1.0
 
+  # ... and the fine-tuned training checkpoint exports back to Hugging Face: every tensor, moved a little.
+  trained = tmp_path / "runs" / "ft" / "checkpoints" / "1"
+  convert.maxtext_to_hf(str(trained), MODEL, str(tmp_path / "hf"), overrides=[*SHAPE, "mtp_num_layers=0"])
+  src, out = HFCheckpoint(FIXTURE / "bf16"), HFCheckpoint(tmp_path / "hf")
+  assert set(out.tensors) == {n for n in src.tensors if not n.startswith("model.layers.3.")}
+  for name in ("model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.2.mlp.gate.e_score_correction_bias"):
+    a, b = np.asarray(src.raw(name), np.float32), np.asarray(out.raw(name), np.float32)
+    assert 0 < np.abs(a - b).max() < 0.05, name
+
 
 # --- bad input: one line, and no output (not even a partial one) left behind -----------------------------
 

@@ -242,6 +242,22 @@ def _describe_ignored(names: list[str], cfg) -> str:
   return ", ".join(parts)
 
 
+def _stored_path(reader, leaf_path: tuple[str, ...]) -> tuple[str, ...] | None:
+  """Where a checkpoint keeps a leaf: under params/<collection>/... (converted or parameter checkpoints),
+  or, for a MaxText training checkpoint, MoEBiasVar leaves under nnx_aux/model/... (NNX's non-Param state)."""
+  collection, rest = leaf_path[0], leaf_path[1:]
+  candidates = [("params", *leaf_path)]
+  if collection != "params":
+    candidates += [("nnx_aux", "model", *rest), ("params", "params", *rest)]
+  for path in candidates:
+    try:
+      reader.shape(path)
+      return path
+    except Exception:  # pylint: disable=broad-except  # TensorStore raises several types for a missing array
+      continue
+  return None
+
+
 def _items_dir(ckpt_dir: str) -> Path:
   path = Path(ckpt_dir)
   if not path.exists():
@@ -263,12 +279,12 @@ def maxtext_to_hf(
   items = _items_dir(ckpt_dir)
   cfg, plans = model_tree(model, list(overrides))
   reader = LeafReader(items)
+  stored = {}  # leaf path -> where this checkpoint keeps it
   for plan in plans:
-    path = ("params", *plan.leaf.path)
-    try:
-      shape = reader.shape(path)
-    except Exception:  # TensorStore raises several types for a missing array
-      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {model}?") from None
+    path = stored[plan.leaf.path] = _stored_path(reader, plan.leaf.path)
+    if path is None:
+      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {model}?")
+    shape = reader.shape(path)
     if shape != plan.leaf.shape:
       raise UserError(
         f"{'/'.join(plan.leaf.path)} has shape {list(shape)} in {items}, model {model} has {list(plan.leaf.shape)}"
@@ -279,7 +295,7 @@ def maxtext_to_hf(
   def tensors() -> Iterator[tuple[str, np.ndarray]]:
     copies = {}
     for plan in plans:
-      path = ("params", *plan.leaf.path)
+      path = stored[plan.leaf.path]
       for name, index in plan.slices():
         x = plan.to_hf(reader.read(path, index))
         yield name, x if x.dtype == np.float32 and x.ndim == 1 else x.astype(bf16)
@@ -291,7 +307,7 @@ def maxtext_to_hf(
         plan = copies[key]
         yield (
           f"model.layers.{layer}.{hf_name}.weight",
-          plan.to_hf(reader.read(("params", *plan.leaf.path))).astype(bf16),
+          plan.to_hf(reader.read(stored[plan.leaf.path])).astype(bf16),
         )
 
   total = sum(int(np.prod(p.leaf.shape)) * 2 for p in plans)
