@@ -13,6 +13,7 @@ maxtext-to-hf is the same in reverse: bf16 safetensors shards, the index and con
 Training loads the result with load_parameters_path=OUT/items.
 """
 
+import functools
 import json
 import os
 import re
@@ -165,6 +166,17 @@ def _return_freed_memory_to_the_os() -> None:
     pass
 
 
+def make_chunks(
+  ckpt: HFCheckpoint, plan: deepseek.LeafPlan, *, block: tuple[int, int], dtype: np.dtype
+) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
+  """(MaxText index, chunk) for every chunk of `plan`: read (memmap), dequantized if FP8, laid out, cast."""
+  for name, rows, index in plan.chunks():
+    hf = ckpt.weight(name, block=block, rows=rows)
+    # A fresh C-ordered array, never a view of the memmap: TensorStore keeps what it is given until the
+    # write commits, and a view would pin the source's mapped pages too (measured: +130 MB).
+    yield index, np.array(plan.to_maxtext(hf, index), dtype=dtype, order="C")
+
+
 def hf_to_maxtext(
   hf_dir: str,
   model: str,
@@ -194,13 +206,7 @@ def hf_to_maxtext(
   )
 
   def leaf(plan: deepseek.LeafPlan, leaf_dtype: np.dtype, advance: Callable[[int], None]) -> StreamedLeaf:
-    def chunks():
-      for name, rows, index in plan.chunks():
-        hf = ckpt.weight(name, block=block, rows=rows)
-        # A fresh C-ordered array, never a view of the memmap: TensorStore keeps what it is given until
-        # the write commits, and a view would pin the source's mapped pages too (measured: +130 MB).
-        yield index, np.array(plan.to_maxtext(hf, index), dtype=leaf_dtype, order="C")
-
+    chunks = functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype)
     return StreamedLeaf(plan.leaf.shape, leaf_dtype, plan.write_chunk_shape(), chunks, advance)
 
   _return_freed_memory_to_the_os()

@@ -139,11 +139,10 @@ class LeafPlan:
       shape[self.row_axis] = min(self.rows_per_chunk, shape[self.row_axis])
     return tuple(shape)
 
-  def to_maxtext(self, hf, index: tuple[slice, ...] | None = None):
-    """HF tensor (or a block of its rows) -> MaxText chunk for `index` (size-1 layer/expert axes)."""
+  def to_maxtext(self, hf, index: tuple[slice, ...]):
+    """HF tensor (or a block of its rows) -> MaxText chunk for `index` (size-1 layer/expert axes); a view
+    where numpy can make one (splitting an axis and adding size-1 axes always can)."""
     x = hf.T if self.transpose else hf
-    if index is None:
-      return x.reshape(self.chunk_shape)
     return x.reshape(tuple(len(range(*s.indices(d))) for s, d in zip(index, self.leaf.shape, strict=True)))
 
   def to_hf(self, chunk):

@@ -27,7 +27,6 @@ DTYPES = {
   "F32": np.dtype(np.float32),
   "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
 }
-_NAMES = {v: k for k, v in DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -188,7 +187,3 @@ def write_shards(out_dir: Path, tensors: Iterable[tuple[str, np.ndarray]], *, ma
     total += (out_dir / final).stat().st_size
   index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
   (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-
-
-def dtype_name(dtype: np.dtype) -> str:
-  return _NAMES[np.dtype(dtype)]
