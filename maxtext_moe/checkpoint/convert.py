@@ -34,7 +34,7 @@ from maxtext_moe.errors import UserError
 
 OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 PROVENANCE = "maxtext_moe_conversion.json"
-MMAP_THRESHOLD = 16 << 20
+MMAP_THRESHOLD = 4 << 20
 # Parallelism for conversion: one process, any device count (only shapes are traced).
 _ONE_DEVICE = [
   *(f"ici_{a}_parallelism=1" for a in ("fsdp", "expert", "tensor", "sequence", "pipeline", "context")),
@@ -156,8 +156,9 @@ def _return_freed_memory_to_the_os() -> None:
   """glibc raises its mmap threshold after large frees (up to 32 MB), so chunk-sized arrays then come from
   the heap and freed ones stay in the process. A fixed threshold (M_MMAP_THRESHOLD = -3) keeps chunks
   above it in mmap, which is returned on free. Measured on `bench convert` (2 cores), peak RSS over the
-  largest tensor / GB/s: glibc default 2.4-4.0x / 0.25-0.27; 1 MB 1.4-1.7x / 0.19-0.22 (every temporary
-  array page-faults afresh); 16 MB 2.5-2.7x / 0.28-0.29. No-op where libc is not glibc."""
+  largest tensor / GB/s: glibc default 2.4-4.0x / 0.25-0.27; 1 MB 1.4-1.7x / 0.19-0.22 (every small
+  temporary page-faults afresh); 16 MB 4.2-4.3x / 0.30-0.32 once chunks were 4 MB tiles; 4 MB (chosen)
+  2.2x / 0.27-0.29. No-op where libc is not glibc."""
   import ctypes  # pylint: disable=import-outside-toplevel
 
   try:
@@ -171,10 +172,9 @@ def make_chunks(
 ) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
   """(MaxText index, chunk) for every chunk of `plan`: read (memmap), dequantized if FP8, laid out, cast."""
   for name, rows, index in plan.chunks():
-    hf = ckpt.weight(name, block=block, rows=rows)
     # A fresh C-ordered array, never a view of the memmap: TensorStore keeps what it is given until the
     # write commits, and a view would pin the source's mapped pages too (measured: +130 MB).
-    yield index, np.array(plan.to_maxtext(hf, index), dtype=dtype, order="C")
+    yield index, plan.to_maxtext(ckpt.weight(name, block=block, rows=rows), index, dtype)
 
 
 def hf_to_maxtext(
