@@ -278,3 +278,15 @@ def test_deepseek_v3_671b_expects_the_published_hf_shapes():
   got = {name: p.hf_shape for p in plans for name, _ in p.slices() if name in want}
   assert got == want
   assert cfg.mtp_num_layers == 1
+
+
+def test_threaded_chunk_making_gives_the_same_chunks_in_order():
+  """Many-core hosts make chunks in threads (convert.WORKERS); the stream must not change."""
+  _, plans = convert.model_tree(MODEL, [*SHAPE, "mtp_num_layers=1"])
+  ckpt = HFCheckpoint(FIXTURE / "fp8")
+  for plan in plans:
+    one = list(convert.make_chunks(ckpt, plan, block=(128, 128), dtype=np.dtype(np.float32), workers=1))
+    many = list(convert.make_chunks(ckpt, plan, block=(128, 128), dtype=np.dtype(np.float32), workers=3))
+    assert [i for i, _ in one] == [i for i, _ in many]
+    for (_, a), (_, b) in zip(one, many, strict=True):
+      np.testing.assert_array_equal(a, b)

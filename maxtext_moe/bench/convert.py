@@ -122,13 +122,14 @@ def child(src: str, out: str) -> None:
 def _produce_only(src: str, plans) -> float:
   """Seconds to make every output chunk (read, dequantize, transpose, cast) without writing: the Python
   side of the conversion on its own."""
+  from maxtext_moe.checkpoint import convert
   from maxtext_moe.checkpoint.convert import make_chunks
   from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
 
   ckpt = HFCheckpoint(src)
   start = time.perf_counter()
   for plan in plans:
-    for _ in make_chunks(ckpt, plan, block=(128, 128), dtype=np.dtype(ml_dtypes.bfloat16)):
+    for _ in make_chunks(ckpt, plan, block=(128, 128), dtype=np.dtype(ml_dtypes.bfloat16), workers=convert.WORKERS):
       pass
   return time.perf_counter() - start
 
