@@ -25,17 +25,10 @@ class Hardware(StrEnum):
   GB300 = "gb300"
 
 
-class FlagProfile(StrEnum):
-  """Which XLA/NCCL flag profile (configs/flags/profiles.yml) a run uses."""
-
-  AUTO = "auto"  # the one named by recipe_hardware
-  DISABLED = "disabled"  # not "none"/"off" (see Progress)
-  CPU = "cpu"
-  H100 = "h100"
-  H200 = "h200"
-  B200 = "b200"
-  GB200 = "gb200"
-  GB300 = "gb300"
+# Which XLA/NCCL flag profile (configs/flags/profiles.yml) a run uses: auto (the one named by
+# recipe_hardware), disabled (not "none"/"off", see Progress), or any hardware's own profile. Built from
+# Hardware so that a new hardware is a new profile name without a second list to keep in step.
+FlagProfile = StrEnum("FlagProfile", {"AUTO": "auto", "DISABLED": "disabled", **{h.name: h.value for h in Hardware}})
 
 
 class Progress(StrEnum):
