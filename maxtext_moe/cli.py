@@ -4,7 +4,8 @@
   maxtext-moe config RECIPE [key=value ...]     print the resolved config and what our layers changed
   maxtext-moe recipes                           list the shipped recipes
   maxtext-moe flags RECIPE [key=value ...]      print the recipe's XLA/NCCL environment as export lines
-  maxtext-moe bench moe [--json]                MoE benchmark table (GEMM efficiency, layer speed, dedup)
+  maxtext-moe plan RECIPE [--gpus N] [--gpu-mem GiB]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
+  maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
   maxtext-moe convert hf-to-maxtext --hf DIR --model RECIPE --out DIR     HF DeepSeek-V3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --model RECIPE --out DIR   MaxText -> HF (bf16)
 
@@ -58,7 +59,33 @@ def _cmd_recipes(ns: argparse.Namespace) -> int:
   return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+  import json
+
+  from maxtext_moe import planner
+
+  recipe, overrides = _split(ns.args)
+  if recipe is None:
+    raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
+  if ns.gpus is not None and ns.gpus < 1:
+    raise UserError(f"--gpus must be >= 1, got {ns.gpus}")
+  if ns.gpu_mem is not None and ns.gpu_mem <= 0:
+    raise UserError(f"--gpu-mem must be > 0 GiB, got {ns.gpu_mem}")
+  if not 0 < ns.mfu <= 1:
+    raise UserError(f"--mfu must be in (0, 1], got {ns.mfu}")
+  result = planner.plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
+  print(result.table())
+  if ns.json:
+    print(json.dumps(result.as_dict()))
+  return 0 if result.base.fits else 1
+
+
 def _cmd_bench(ns: argparse.Namespace) -> int:
+  if ns.which == "plan":
+    from maxtext_moe.bench import plan
+
+    plan.run(as_json=ns.json, quick=ns.quick)
+    return 0
   if ns.which == "convert":
     from maxtext_moe.bench import convert
 
@@ -150,6 +177,25 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--no-check", action="store_true", help="skip checking the XLA flags against the installed jaxlib")
   p.set_defaults(func=_cmd_flags)
 
+  p = sub.add_parser(
+    "plan",
+    help="estimate per-GPU memory and throughput; say whether a recipe fits and what would make it fit",
+    epilog="Exit code: 0 fits, 1 does not fit, 2 bad input. Example: maxtext-moe plan gb300x1024/deepseek3-671b",
+    description="Estimate one device's memory at the training step's peak for RECIPE plus overrides, by "
+    "component: parameters, gradients, Adam state, saved activations under the remat/offload policy, the "
+    "loss phase's logits, MoE dispatch buffers and attention; plus host memory for offloaded state. Says "
+    "whether it fits the GPU's HBM (times the flag profile's XLA_PYTHON_CLIENT_MEM_FRACTION) and, if not, "
+    "the cheapest change that does: an offload preset, another EP/FSDP split, or a smaller micro-batch. "
+    "Prints training FLOPs per token (MaxText's count) and TFLOP/s per GPU at --mfu. Nothing is compiled; "
+    "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--gpus", type=int, help="number of GPUs (default: the recipe's recipe_num_devices)")
+  p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
+  p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
+  p.add_argument("--json", action="store_true", help="also print the plan as one JSON object (last line)")
+  p.set_defaults(func=_cmd_plan)
+
   p = sub.add_parser("recipes", help="list the shipped recipes", description="List configs/recipes/<hw>/<model>.")
   p.set_defaults(func=_cmd_recipes)
 
@@ -161,9 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     "all_to_all dispatcher's dedup ratio at EP=8. Shapes are documented in maxtext_moe/bench/moe.py. "
     "About 2-3 minutes on 2 CPU cores. convert: HF FP8 -> MaxText conversion of a synthetic ~1.5 GB "
     "checkpoint: GB/s next to a plain file copy, and peak memory over the largest tensor group "
-    "(maxtext_moe/bench/convert.py). Needs ~5 GB of temporary disk.",
+    "(maxtext_moe/bench/convert.py). Needs ~5 GB of temporary disk. plan: the planner's per-device memory "
+    "estimate against XLA's compiled memory_analysis() for tiny and 16B-proxy configs on 8 fake CPU devices "
+    "(maxtext_moe/bench/plan.py); about 5 minutes on 2 cores, --quick about 1.",
   )
-  p.add_argument("which", choices=["moe", "convert"], help="which benchmark")
+  p.add_argument("which", choices=["moe", "convert", "plan"], help="which benchmark")
+  p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases")
   p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
   p.add_argument("--json", action="store_true", help="also print the results as one JSON object (last line)")
   p.add_argument(

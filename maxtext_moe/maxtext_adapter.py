@@ -17,6 +17,10 @@ What we touch (maxtext 0.2.5):
 - `maxtext.trainers.pre_train.train.warmup_programs`: wrapped so its warm-up steps' stats are discarded.
 - `maxtext.models.models.transformer_as_linen` + `maxtext.utils.maxtext_utils.get_abstract_param`: the
   model's parameter tree (paths, shapes, logical axes) that checkpoint conversion fills.
+- `maxtext.utils.maxtext_utils.calculate_tflops_training_per_device`: MaxText's own FLOPs count (planner).
+- `maxtext.trainers.pre_train.train_compile` (+ `sharding` helpers, `get_functional_train_with_signature`,
+  `train.train_step`): compiles the train step ahead of time, as `train_compile.py` does, so the planner's
+  estimates can be checked against XLA's `memory_analysis()`.
 - `maxtext.common.checkpointing.load_params_from_path`: loads a converted checkpoint exactly as
   `load_parameters_path` does in training (conversion tests and the logits check).
 """
@@ -103,7 +107,49 @@ UPSTREAM_SYMBOLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
   ("maxtext.layers.moe", "uses_megatron_seq_aux_loss", ("config",)),
   ("maxtext.utils.maxtext_utils", "collect_intermediates_by_suffix", ("intermediate_outputs",)),
   ("maxtext.utils.globals", "MAXTEXT_PKG_DIR", ()),
+  ("maxtext.utils.maxtext_utils", "calculate_tflops_training_per_device", ("config", "log")),
+  ("maxtext.utils.maxtext_utils", "get_mesh_from_config", ("config",)),
+  ("maxtext.trainers.pre_train.train_compile", "get_shaped_inputs", ("topology_mesh", "config")),
+  (
+    "maxtext.trainers.pre_train.train_compile",
+    "jit_and_compile",
+    (
+      "func",
+      "func_input_args",
+      "func_input_kwargs",
+      "mesh",
+      "in_shardings",
+      "out_shardings",
+      "static_argnums",
+      "donate_argnums",
+      "config",
+      "logical_axis_rules",
+    ),
+  ),
+  ("maxtext.utils.sharding", "maybe_update_params_sharding_with_opt", ("config", "state_mesh_shardings")),
+  (
+    "maxtext.utils.sharding",
+    "build_zero1_input_state_mesh_shardings",
+    ("config", "state_mesh_shardings", "params_shardings"),
+  ),
+  ("maxtext.utils.sharding", "get_input_data_sharding", ("config", "mesh")),
+  (
+    "maxtext.utils.maxtext_utils",
+    "get_functional_train_with_signature",
+    ("train_step", "data_sharding", "state_mesh_shardings", "model", "config", "params_shardings"),
+  ),
+  ("maxtext.trainers.pre_train.train", "train_step", ()),
 )
+
+# A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
+ONE_DEVICE_OVERRIDES = [
+  *(f"ici_{a}_parallelism=1" for a in ("fsdp", "expert", "tensor", "sequence", "pipeline", "context")),
+  "ici_data_parallelism=-1",
+  *(f"dcn_{a}_parallelism=1" for a in ("data", "fsdp", "expert", "pipeline")),
+  "num_slices=1",
+  "recipe_num_devices=-1",
+  "hardware=cpu",
+]
 
 MAXTEXT_CONFIGS_DIR = Path(mt_globals.MAXTEXT_CONFIGS_DIR)
 # maxtext 0.2.5's MAXTEXT_ASSETS_ROOT points at <pkg>/src/maxtext/assets for a pip install, which does
@@ -469,9 +515,14 @@ def _linen_model(cfg: Any):
 def abstract_params(config_path: str, overrides: list[str]) -> tuple[Any, list[tuple[tuple[str, ...], tuple, tuple]]]:
   """(config, [(collection-qualified path, shape, logical axis names)]) of the model's parameters, from
   `jax.eval_shape` of MaxText's own init: nothing is allocated."""
+  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  return cfg, param_leaves(cfg)
+
+
+def param_leaves(cfg: Any) -> list[tuple[tuple[str, ...], tuple, tuple]]:
+  """[(collection-qualified path, shape, logical axis names)] of a resolved config's model parameters."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
-  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
   model, _ = _linen_model(cfg)
   tree = maxtext_utils.get_abstract_param(model, cfg)
   leaves = []
@@ -480,7 +531,7 @@ def abstract_params(config_path: str, overrides: list[str]) -> tuple[Any, list[t
     value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
     names = tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned) else (None,) * len(value.shape)
     leaves.append((tuple(str(getattr(k, "key", k)) for k in path), tuple(value.shape), names))
-  return cfg, leaves
+  return leaves
 
 
 def load_and_forward(config_path: str, overrides: list[str], params_path: str, tokens: Any) -> Any:
@@ -506,3 +557,43 @@ def load_and_forward(config_path: str, overrides: list[str], params_path: str, t
       params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
     )
   return out[0] if isinstance(out, tuple) else out
+
+
+# --- the memory planner: FLOPs from MaxText, and XLA's own memory figures to check it against ---------------
+
+
+def resolved(config_path: str, overrides: list[str]) -> Any:
+  """MaxText's HyperParameters for a recipe + overrides (what the trainer sees)."""
+  return pyconfig.HyperParameters(resolve(config_path, overrides))
+
+
+def train_tflops_per_device(cfg: Any) -> tuple[float, float, float]:
+  """(total, learnable-weight, attention) TFLOPs of one training step per device, MaxText's own count."""
+  total, weights, attention = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
+  return float(total), float(weights), float(attention)
+
+
+def compiled_train_memory(config_path: str, overrides: list[str]) -> dict[str, int]:
+  """Compiles MaxText's train step for the visible devices, as `train_compile.py` does for a topology, and
+  returns XLA's `memory_analysis()` per device: argument/output/alias/temp bytes, on device and host."""
+  from flax.linen import partitioning as nn_partitioning  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.pre_train import train, train_compile  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import sharding  # pylint: disable=import-outside-toplevel
+
+  install_moe_patch()
+  cfg = resolved(config_path, overrides)
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+  args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, cfg)
+  params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(cfg, state_shardings)
+  input_shardings = sharding.build_zero1_input_state_mesh_shardings(cfg, state_shardings, params_shardings)
+  data_sharding = sharding.get_input_data_sharding(cfg, mesh)
+  func, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
+    train.train_step, data_sharding, input_shardings, model, cfg, params_shardings
+  )
+  rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
+  compiled = train_compile.jit_and_compile(func, args, kwargs, mesh, in_sh, out_sh, static, donate, cfg, rules)
+  mem = compiled.memory_analysis()
+  names = ("argument", "output", "alias", "temp")
+  out = {f"{n}_bytes": int(getattr(mem, f"{n}_size_in_bytes")) for n in names}
+  out.update({f"host_{n}_bytes": int(getattr(mem, f"host_{n}_size_in_bytes")) for n in names})
+  return out

@@ -41,15 +41,6 @@ MMAP_THRESHOLD = 4 << 20
 # half the cores to TensorStore's writer. On 2 cores, 2 threads made chunks 1.7x faster alone (0.42 ->
 # 0.72 GB/s) but slowed the whole conversion (0.28 -> 0.22 GB/s) by competing with the writer: 1 there.
 WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
-# Parallelism for conversion: one process, any device count (only shapes are traced).
-_ONE_DEVICE = [
-  *(f"ici_{a}_parallelism=1" for a in ("fsdp", "expert", "tensor", "sequence", "pipeline", "context")),
-  "ici_data_parallelism=-1",
-  *(f"dcn_{a}_parallelism=1" for a in ("data", "fsdp", "expert", "pipeline")),
-  "num_slices=1",
-  "recipe_num_devices=-1",
-  "hardware=cpu",
-]
 
 
 @contextmanager
@@ -77,7 +68,8 @@ def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = deeps
   from maxtext_moe import maxtext_adapter
   from maxtext_moe.config.recipes import recipe_path
 
-  cfg, leaves = maxtext_adapter.abstract_params(str(recipe_path(model)), [*_ONE_DEVICE, *overrides])
+  one_device = [*maxtext_adapter.ONE_DEVICE_OVERRIDES, *overrides]
+  cfg, leaves = maxtext_adapter.abstract_params(str(recipe_path(model)), one_device)
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
   abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in leaves]
