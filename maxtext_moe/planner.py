@@ -18,7 +18,8 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                           scatter), + one T x V copy in a narrower compute dtype
                  layer    the backward of one MoE layer while 2 of those logits buffers are still live:
                             MoE rows R (see below) x (D x (4 + 4 x dtype bytes) + F x 6 x dtype bytes)
-                            + attention: 4 x B x H x L x L scores for dot-product attention, ~0 for flash
+                            + attention: 4 x B x H x L x L scores for dot-product attention; for flash,
+                              4 x T x H x (qk + v head dims)
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K
 
@@ -221,7 +222,13 @@ def estimate(
   )
   heads = int(cfg.num_query_heads)
   batch = max(tokens // seq, 1)
-  attention = 4 * batch * heads * seq * seq * d_b if dot_product else 4 * tokens * heads * 256 * d_b
+  qk_dim = int(getattr(cfg, "qk_nope_head_dim", 0) or 0) + int(getattr(cfg, "qk_rope_head_dim", 0) or 0)
+  qk_dim = qk_dim if str(cfg.attention_type) == "mla" else int(cfg.head_dim)
+  v_dim = int(getattr(cfg, "v_head_dim", 0) or 0) if str(cfg.attention_type) == "mla" else int(cfg.head_dim)
+  if dot_product:  # the B x H x L x L scores, 4 copies (scores, softmax and their gradients)
+    attention = 4 * batch * heads * seq * seq * d_b
+  else:  # flash: q, k, v, out and their gradients, no L x L buffer
+    attention = 4 * tokens * heads * (qk_dim + v_dim) * d_b
   logits = tokens * vocab * 4
   logits_phase = 4 * logits + (tokens * vocab * d_b if d_b < 4 else 0)
   layer_phase = 2 * logits + moe_dispatch + attention
@@ -376,7 +383,8 @@ def plan(
   from maxtext_moe.moe.block import resolve_dispatch  # pylint: disable=import-outside-toplevel
 
   path = recipe_path(recipe)
-  base_overrides = list(overrides) + ([f"recipe_num_devices={gpus}"] if gpus else [])
+  # A fine-tuning recipe's weights do not change its memory: plan it without them.
+  base_overrides = ["finetune=false", *overrides] + ([f"recipe_num_devices={gpus}"] if gpus else [])
   cfg = maxtext_adapter.resolved(path, base_overrides)
   hardware = Hardware(cfg.recipe_hardware)
   n = int(cfg.recipe_num_devices)
@@ -391,7 +399,7 @@ def plan(
   host = spec.host_gib if spec else None
   # The parameter tree's shapes do not depend on the layout: trace it once, on one device.
   leaves = maxtext_adapter.param_leaves(
-    maxtext_adapter.resolved(path, [*overrides, *maxtext_adapter.ONE_DEVICE_OVERRIDES])
+    maxtext_adapter.resolved(path, [*base_overrides, *maxtext_adapter.ONE_DEVICE_OVERRIDES])
   )
   platform = "cpu" if str(cfg.hardware) == "cpu" else "gpu"
 

@@ -7,6 +7,7 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe import planner
 from maxtext_moe.bench import plan as bench_plan
+from maxtext_moe.config import recipes
 from maxtext_moe.config.keys import Hardware
 
 
@@ -62,8 +63,11 @@ def test_671b_rack_fits_and_reports_every_component():
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention
 
 
-def test_1024_gpu_recipe_fits():
-  assert planner.plan("gb300x1024/deepseek3-671b", []).base.fits
+@pytest.mark.parametrize("recipe", [r for r in recipes.list_recipes() if not r.startswith("cpu/")])
+def test_every_gpu_recipe_fits_by_the_planner(recipe):
+  """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64 and mixtral on H100)."""
+  result = planner.plan(recipe, [])
+  assert result.base.fits, result.table()
 
 
 def test_a_recipe_that_does_not_fit_gets_the_cheapest_fix():
