@@ -260,6 +260,11 @@ def resolve(config_path: str, overrides: list[str], *, join_cluster: bool = Fals
     raise UserError(_one_line(e)) from e
 
 
+def resolved(config_path: str, overrides: list[str]) -> Any:
+  """MaxText's HyperParameters for a recipe + overrides (what the trainer sees)."""
+  return pyconfig.HyperParameters(resolve(config_path, overrides))
+
+
 def maxtext_base_defaults() -> dict[str, Any]:
   """MaxText's own base.yml, resolved with no plugin layers (for `maxtext-moe config` diffs)."""
   with _no_distributed_init():
@@ -467,7 +472,7 @@ def routed_moe_loss_and_grad(config_path: str, overrides: list[str]):
   from maxtext.layers import initializers  # pylint: disable=import-outside-toplevel
 
   install_moe_patch()
-  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  cfg = resolved(config_path, overrides)
   mesh = maxtext_utils.get_mesh_from_config(cfg)
 
   def run_ctx():
@@ -515,7 +520,7 @@ def _linen_model(cfg: Any):
 def abstract_params(config_path: str, overrides: list[str]) -> tuple[Any, list[tuple[tuple[str, ...], tuple, tuple]]]:
   """(config, [(collection-qualified path, shape, logical axis names)]) of the model's parameters, from
   `jax.eval_shape` of MaxText's own init: nothing is allocated."""
-  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  cfg = resolved(config_path, overrides)
   return cfg, param_leaves(cfg)
 
 
@@ -542,7 +547,7 @@ def load_and_forward(config_path: str, overrides: list[str], params_path: str, t
   from maxtext.common import checkpointing  # pylint: disable=import-outside-toplevel
 
   install_moe_patch()
-  cfg = pyconfig.HyperParameters(resolve(config_path, overrides))
+  cfg = resolved(config_path, overrides)
   model, mesh = _linen_model(cfg)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   abstract = jax.tree.map(
@@ -560,11 +565,6 @@ def load_and_forward(config_path: str, overrides: list[str], params_path: str, t
 
 
 # --- the memory planner: FLOPs from MaxText, and XLA's own memory figures to check it against ---------------
-
-
-def resolved(config_path: str, overrides: list[str]) -> Any:
-  """MaxText's HyperParameters for a recipe + overrides (what the trainer sees)."""
-  return pyconfig.HyperParameters(resolve(config_path, overrides))
 
 
 def train_tflops_per_device(cfg: Any) -> tuple[float, float, float]:

@@ -7,7 +7,8 @@ laptop), and MaxText's own FLOPs count gives FLOPs per token and TFLOP/s per GPU
 The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim, F = expert hidden dim):
 
   state        parameters (weight_dtype) + Adam's two moments (mu_dtype), each leaf divided by the mesh axes
-               its logical names map to (MaxText's logical_axis_rules), minus what offload puts on the host
+               its logical names resolve to (MaxText's logical_axis_rules, flax's resolution), minus what
+               offload puts on the host
   grads        one grad_dtype copy of the sharded parameters
   scan copy    with param_scan_axis != 0 the stacked layer weights are re-laid out layer-major once for the
                scanned backward (seen in XLA's buffer assignment; MaxText's param_scan_axis=0 avoids it)
@@ -33,6 +34,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import flax.linen as nn
 import numpy as np
 
 from maxtext_moe.config.keys import Hardware
@@ -86,31 +88,21 @@ def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
   return {axis: i * d for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}
 
 
-def _rule_axes(rules: Iterable, name: str | None) -> list[str]:
-  """Mesh axes a logical axis name maps to: the first rule for it, as flax's logical_to_mesh_axes does."""
-  if name is None:
-    return []
-  for rule_name, axes in rules:
-    if rule_name == name:
-      if axes is None:
-        return []
-      return [axes] if isinstance(axes, str) else list(axes)
-  return []
+def _mesh_axes(names: tuple, rules: list) -> list[tuple[str, ...]]:
+  """Mesh axes each dim of an array with logical `names` is sharded over, by flax's rule resolution (what
+  MaxText's shardings use): rules in priority order, each mesh axis used at most once per array."""
+  return [
+    () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    for axes in nn.logical_to_mesh_axes(names, rules)
+  ]
 
 
-def shard_elements(shape: tuple, names: tuple, rules: Iterable, sizes: dict[str, int]) -> int:
-  """Elements of one device's shard of a parameter: each dim divided (rounded up) by the sizes of the mesh
-  axes its logical name maps to; a mesh axis already used by an earlier dim is not used again."""
-  used: set[str] = set()
+def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
+  """Elements of one device's shard of a parameter: each dim divided (rounded up, as XLA pads uneven
+  shards) by the sizes of the mesh axes its logical name resolves to."""
   total = 1
-  for dim, name in zip(shape, names, strict=True):
-    parts = 1
-    for axis in _rule_axes(rules, name):
-      if axis in used or sizes.get(axis, 1) == 1:
-        continue
-      used.add(axis)
-      parts *= sizes[axis]
-    total *= -(-dim // parts)
+  for dim, axes in zip(shape, _mesh_axes(names, rules), strict=True):
+    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
   return total
 
 
@@ -193,7 +185,7 @@ def estimate(
 ) -> Estimate:
   """The per-device estimate for a resolved config and its parameter leaves (see the module docstring)."""
   sizes = mesh_sizes(cfg, num_devices)
-  rules = [(r[0], r[1]) for r in cfg.logical_axis_rules]
+  rules = [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
   w_b, d_b = dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype)
   g_b = dtype_bytes(cfg.grad_dtype)
   mu_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype)
@@ -210,7 +202,7 @@ def estimate(
   grads = param_elems * g_b
   scan_copy = scanned_elems * w_b if int(cfg.param_scan_axis) != 0 and cfg.scan_layers else 0
 
-  batch_shards = math.prod(sizes.get(a, 1) for a in _rule_axes(rules, "activation_batch"))
+  batch_shards = math.prod(sizes.get(a, 1) for a in _mesh_axes(("activation_batch",), rules)[0])
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   seq = int(cfg.max_target_length)
   ep = sizes.get("expert", 1)
@@ -280,7 +272,6 @@ class Plan:
   dispatch: str
   layout: dict[str, int]
   mfu: float
-  mem_fraction: float
   base: Estimate
   fix: Estimate | None
   fix_kind: str | None
@@ -427,4 +418,4 @@ def plan(
         fix, fix_kind = cand, kind
         break
   layout = {a: s for a, s in mesh_sizes(cfg, n).items() if s > 1}
-  return Plan(recipe, hardware, n, dispatch, layout, mfu, mem_fraction, base, fix, fix_kind, tried)
+  return Plan(recipe, hardware, n, dispatch, layout, mfu, base, fix, fix_kind, tried)

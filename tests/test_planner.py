@@ -12,9 +12,16 @@ from maxtext_moe.config.keys import Hardware
 
 
 def test_shard_elements_worked_example():
-  # DeepSeek-V3's wi_0 [experts, embed, mlp] on EP=8 x FSDP=9: experts / 8; embed maps to (fsdp, expert) but
-  # expert is already used by dim 0, so / 9 rounded up (XLA pads uneven shards); mlp's tensor axis is 1.
-  rules = [("exp", ("expert",)), ("embed", ("fsdp", "expert")), ("mlp", ("tensor",)), ("norm", None)]
+  # DeepSeek-V3's wi_0 [experts, embed, mlp] on EP=8 x FSDP=9: experts / 8; embed's first rule (fsdp, expert)
+  # is taken because dim 0 uses expert, so its fallback rule (fsdp) applies, as in MaxText's rules: / 9 rounded
+  # up (XLA pads uneven shards); mlp's tensor axis is 1.
+  rules = [
+    ("exp", ("expert",)),
+    ("embed", ("fsdp", "expert")),
+    ("embed", ("fsdp",)),
+    ("mlp", ("tensor",)),
+    ("norm", None),
+  ]
   sizes = {"expert": 8, "fsdp": 9, "tensor": 1}
   assert planner.shard_elements((256, 7168, 2048), ("exp", "embed", "mlp"), rules, sizes) == 32 * 797 * 2048
   assert planner.shard_elements((7168,), ("norm",), rules, sizes) == 7168
