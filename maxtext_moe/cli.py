@@ -91,8 +91,14 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
 
     convert.run(as_json=ns.json, workdir=ns.workdir)
     return 0
-  from maxtext_moe.bench import moe
+  import jax
 
+  from maxtext_moe.bench import moe
+  from maxtext_moe.launch import flags
+
+  if jax.default_backend() == "cpu":  # measure under the environment `train` runs with on CPU
+    argv = ["bench", "moe", *(["--json"] if ns.json else []), *(["--backends", *ns.backends] if ns.backends else [])]
+    flags.ensure_applied(flags.profile("cpu"), argv)
   moe.run(as_json=ns.json, backends=ns.backends)
   return 0
 

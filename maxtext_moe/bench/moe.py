@@ -155,6 +155,7 @@ def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str
   dedup = dedup_measurement()
   result = {
     "platform": jax.default_backend(),
+    "runtime_env": {k: os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")},
     "gemm_shape": GEMM,
     "gemm_efficiency": eff,
     "layer_seconds": times,
@@ -177,6 +178,8 @@ def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str
   table.add_row("layer speedup vs MaxText dense_matmul", f"{result['layer_speedup_vs_maxtext_dense']:.2f}x")
   table.add_row("dedup wire rows ratio at EP=8 (measured)", f"{dedup['measured']:.4f}")
   table.add_row("dedup wire rows ratio at EP=8 (analytic)", f"{dedup['expected']:.4f}")
+  env = " ".join(f"{k}={v}" for k, v in result["runtime_env"].items() if v is not None) or "glibc defaults"
+  table.caption = f"host allocator: {env}"
   Console(file=sys.stdout, width=100).print(table)
   if as_json:
     print(json.dumps(result))
