@@ -119,7 +119,10 @@ def _cmd_flags(ns: argparse.Namespace) -> int:
 
 
 def _cmd_convert(ns: argparse.Namespace) -> int:
-  from maxtext_moe.checkpoint import convert
+  from maxtext_moe.checkpoint.host_memory import bound_host_memory
+
+  bound_host_memory()  # before JAX and TensorStore start their threads
+  from maxtext_moe.checkpoint import convert  # pylint: disable=wrong-import-position
 
   if ns.direction == "hf-to-maxtext":
     if not ns.hf:

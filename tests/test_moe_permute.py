@@ -75,15 +75,3 @@ def test_window_plan_windows_hold_each_expert_and_stay_in_bounds(sizes):
     assert m >= n and (level == 0 or ladder[level - 1] < n)  # the smallest window that holds e's rows
     assert 0 <= first and first + m <= num_rows
     assert first <= start[e] and start[e] + n <= first + m
-
-
-@pytest.mark.parametrize("shape", [(7, 5), (1, 9), (8, 8), (13, 3)])
-def test_transpose_cast_matches_numpy_at_every_tile_edge(shape):
-  import ml_dtypes
-
-  from maxtext_moe.checkpoint.deepseek import transpose_cast
-
-  x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 7
-  got = transpose_cast(x, ml_dtypes.bfloat16, block=3)
-  assert got.flags.c_contiguous and got.dtype == ml_dtypes.bfloat16
-  np.testing.assert_array_equal(got.view(np.uint16), x.T.astype(ml_dtypes.bfloat16).view(np.uint16))

@@ -31,22 +31,24 @@ import ml_dtypes
 import numpy as np
 
 from maxtext_moe.checkpoint import deepseek
+from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint, write_shards
 from maxtext_moe.errors import UserError
 
 OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 PROVENANCE = "maxtext_moe_conversion.json"
-MMAP_THRESHOLD = 4 << 20
-# Threads making chunks (the dequantize/transpose/cast work is most of a conversion's CPU time), leaving
-# half the cores to TensorStore's writer. On 2 cores, 2 threads made chunks 1.7x faster alone (0.42 ->
-# 0.72 GB/s) but slowed the whole conversion (0.28 -> 0.22 GB/s) by competing with the writer: 1 there.
+# Threads making chunks, leaving half the cores to TensorStore's writer. Measured with numpy making
+# chunks: on 2 cores, 2 threads made chunks 1.7x faster alone (0.42 -> 0.72 GB/s) but slowed the whole
+# conversion (0.28 -> 0.22 GB/s) by competing with the writer: 1 there. (XLA, which makes them now,
+# runs each chunk on its own thread pool as well.)
 WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 @contextmanager
 def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
-  """Yields a temporary sibling of `out` to write into; renames it to `out` on success, removes it on
-  failure. An existing `out` is an error unless `force`, and is only removed after success."""
+  """Yields a temporary sibling of `out` to write into; on success flushes it to disk and renames it to
+  `out`, on failure removes it. An existing `out` is an error unless `force`, and is only removed after
+  success. So `out` is either absent or complete and on disk, even across a power loss."""
   out = Path(out).absolute()
   if out.exists() and not force:
     raise UserError(f"output directory {out} already exists; pass --force to replace it")
@@ -58,9 +60,27 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+  _fsync_tree(tmp)
   if out.exists():
     shutil.rmtree(out)
   tmp.rename(out)
+  _fsync(out.parent)
+
+
+def _fsync(path: Path) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+  """fsync every file and directory under root: the writers do not sync each write themselves."""
+  for dirpath, _, filenames in os.walk(root):
+    for name in filenames:
+      _fsync(Path(dirpath) / name)
+    _fsync(Path(dirpath))
 
 
 def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
@@ -150,27 +170,12 @@ def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: 
   return used
 
 
-def _return_freed_memory_to_the_os() -> None:
-  """glibc raises its mmap threshold after large frees (up to 32 MB), so chunk-sized arrays then come from
-  the heap and freed ones stay in the process. A fixed threshold (M_MMAP_THRESHOLD = -3) keeps chunks
-  above it in mmap, which is returned on free. Measured on `bench convert` (2 cores), peak RSS over the
-  largest tensor / GB/s: glibc default 2.4-4.0x / 0.25-0.27; 1 MB 1.4-1.7x / 0.19-0.22 (every small
-  temporary page-faults afresh); 16 MB 4.2-4.3x / 0.30-0.32 once chunks were 4 MB tiles; 4 MB (chosen)
-  2.2x / 0.27-0.29. No-op where libc is not glibc."""
-  import ctypes  # pylint: disable=import-outside-toplevel
-
-  try:
-    ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD)
-  except (OSError, AttributeError):
-    pass
-
-
 def make_chunks(
   ckpt: HFCheckpoint, plan: deepseek.LeafPlan, *, block: tuple[int, int], dtype: np.dtype, workers: int = 1
 ) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
   """(MaxText index, chunk) for every chunk of `plan`, in order: read (memmap), dequantized if FP8, laid
-  out, cast. With workers > 1 up to `workers` chunks are made at once in threads (numpy releases the GIL
-  in its copies), so memory holds at most that many chunks more."""
+  out, cast (`relayout`). With workers > 1 up to `workers` chunks are made at once in threads (XLA
+  releases the GIL while it computes), so memory holds at most that many chunks more."""
 
   def make(name, rows, index):
     # A fresh C-ordered array, never a view of the memmap: TensorStore keeps what it is given until the
@@ -223,7 +228,7 @@ def hf_to_maxtext(
     chunks = functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype, workers=WORKERS)
     return StreamedLeaf(plan.leaf.shape, leaf_dtype, plan.write_chunk_shape(), chunks, advance)
 
-  _return_freed_memory_to_the_os()
+  bound_host_memory()
   dtypes = [_leaf_dtype(p, ckpt, OUT_DTYPES[dtype]) for p in plans]
   total = sum(int(np.prod(p.leaf.shape)) * d.itemsize for p, d in zip(plans, dtypes, strict=True))
   start = time.perf_counter()
@@ -331,7 +336,7 @@ def maxtext_to_hf(
         )
 
   total = sum(int(np.prod(p.leaf.shape)) * 2 for p in plans)
-  _return_freed_memory_to_the_os()
+  bound_host_memory()
   start = time.perf_counter()
   with staged_output(Path(out), force=force) as tmp, _Progress("maxtext -> hf", total, _interactive()) as progress:
     tmp.mkdir()

@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from maxtext_moe.checkpoint.relayout import StoredTensor
 from maxtext_moe.errors import UserError
 
 DTYPES = {
@@ -114,47 +115,18 @@ class HFCheckpoint:
       raise UserError(f"tensor {name} has dtype {info.dtype}; expected one of {', '.join(DTYPES)}")
     return np.memmap(info.shard, DTYPES[info.dtype], "r", offset=info.start, shape=info.shape)
 
-  def weight(self, name: str, *, block: tuple[int, int], rows: slice = slice(None)) -> np.ndarray:
-    """Rows `rows` of tensor `name` as stored, or dequantized to float32 when it is FP8 with a
-    `weight_scale_inv` (then `rows` must start on a block boundary)."""
+  def weight(self, name: str, *, block: tuple[int, int], rows: slice = slice(None)) -> StoredTensor:
+    """Rows `rows` of tensor `name` as stored (a memmap view), with its `weight_scale_inv` rows when it is
+    FP8 (then `rows` must start on a block boundary). `relayout` turns it into an array."""
     x = self.raw(name)
     if x.dtype != DTYPES["F8_E4M3"]:
-      return x[rows]
+      return StoredTensor(x[rows])
     scale_name = name + "_scale_inv"
     if scale_name not in self.tensors:
       raise UserError(f"FP8 tensor {name} has no {scale_name} in {self.dir}")
     r0, r1, _ = rows.indices(x.shape[0])
     assert r0 % block[0] == 0, "FP8 row blocks start on a scale-block boundary"
-    scale = np.asarray(self.raw(scale_name)[r0 // block[0] : -(-r1 // block[0])], np.float32)
-    return dequantize_fp8(x[r0:r1], scale, block=block)
-
-
-# e4m3 -> float32 for all 256 bit patterns: a table lookup (np.take) is ~5x faster than ml_dtypes' cast.
-_E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-
-
-def dequantize_fp8(q: np.ndarray, scale_inv: np.ndarray, *, block: tuple[int, int] = (128, 128)) -> np.ndarray:
-  """w = q * scale_inv[i // block_rows, j // block_cols] in float32 (DeepSeek-V3's block-wise FP8).
-
-  One block row at a time: np.take turns its uint8 indices into int64, so a whole-tensor lookup would
-  allocate 8 bytes per element on top of the 4-byte result.
-
-  Example: q of shape [200, 130], block (128, 128) -> scale_inv of shape [2, 2]; rows 128..199 and
-  columns 128..129 use the partial blocks' scales.
-  """
-  rows, cols = q.shape
-  br, bc = block
-  nr, nc = -(-rows // br), -(-cols // bc)
-  if scale_inv.shape != (nr, nc):
-    raise UserError(f"weight_scale_inv has shape {list(scale_inv.shape)}, expected {[nr, nc]} for {[rows, cols]}")
-  out = np.empty((rows, cols), np.float32)
-  codes = np.asarray(q).view(np.uint8)
-  col_scale = np.repeat(scale_inv, bc, axis=1)[:, :cols]  # [nr, cols]
-  for i in range(nr):
-    r = slice(i * br, min((i + 1) * br, rows))
-    np.take(_E4M3_TO_F32, codes[r], out=out[r])
-    out[r] *= col_scale[i]
-  return out
+    return StoredTensor(x[r0:r1], self.raw(scale_name)[r0 // block[0] : -(-r1 // block[0])], tuple(block))
 
 
 def write_shards(out_dir: Path, tensors: Iterable[tuple[str, np.ndarray]], *, max_shard_bytes: int) -> Iterator[int]:
