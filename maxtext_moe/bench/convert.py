@@ -8,7 +8,9 @@ the baseline, a plain copy of the same files (`shutil.copyfile`) measured in the
 Speed is split in two, in the same run, to show what bounds it: making every chunk without writing
 (read, dequantize, transpose, cast), and the writer alone (the same leaves and chunk grid through the
 same Orbax/TensorStore path, given chunks that cost nothing to make). A conversion that runs at the
-writer-alone rate is limited by writing, not by the Python that makes chunks.
+writer-alone rate is limited by writing, not by the Python that makes chunks. The conversion's CPU time
+is also split by who spent it (Linux /proc): the kernel (buffered writes into the page cache, page
+faults), XLA's threads (making chunks), TensorStore's threads, and Python with the rest.
 
 Memory: the conversion runs in a child process that reports its resident set just before converting
 (MaxText imported, model tree built) and its peak (VmHWM) after. The "largest tensor group" is the
@@ -121,14 +123,48 @@ def child(src: str, out: str) -> None:
   _, plans = convert.model_tree(MODEL, BENCH)  # imports and traces first, so `before` includes them
   produce = _produce_only(src, plans)
   before = _vm("VmRSS")
+  threads, times = _thread_cpu(), os.times()
   start = time.perf_counter()
   summary = convert.hf_to_maxtext(src, MODEL, out, overrides=BENCH)
   seconds = time.perf_counter() - start
+  cpu = _cpu_split(threads, times)
   peak = _vm("VmHWM")
   shutil.rmtree(out)
   write_only = _write_only(src, Path(out), plans)
   result = {"seconds": seconds, "bytes": summary["bytes_written"], "rss_before": before, "rss_peak": peak}
-  print(json.dumps(result | {"produce_seconds": produce, "write_only_seconds": write_only}))
+  print(json.dumps(result | {"produce_seconds": produce, "write_only_seconds": write_only, "cpu_seconds": cpu}))
+
+
+def _thread_cpu() -> dict[str, tuple[str, float]]:
+  """{thread id: (name, user CPU seconds)} of this process's live threads (Linux /proc)."""
+  out = {}
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+      fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+      continue  # the thread ended
+    out[tid] = (name, int(fields[11]) / os.sysconf("SC_CLK_TCK"))
+  return out
+
+
+def _cpu_split(threads_before: dict[str, tuple[str, float]], times_before) -> dict[str, float]:
+  """CPU seconds since the snapshots, by who spent them: the kernel (all threads' system time: buffered
+  writes into the page cache, page faults), XLA's threads (making chunks), TensorStore's threads (user
+  time), and the rest of user time: Python (the interpreter threads, including ones that have ended)."""
+  now, times = _thread_cpu(), os.times()
+  user = {"xla": 0.0, "tensorstore": 0.0}
+  for tid, (name, secs) in now.items():
+    kind = "xla" if name.startswith("tf_XLA") else "tensorstore" if name.startswith("ts_") else None
+    if kind:
+      user[kind] += secs - threads_before.get(tid, (name, 0.0))[1]
+  total_user = times.user - times_before.user
+  return {
+    "kernel": times.system - times_before.system,
+    "xla": user["xla"],
+    "tensorstore": user["tensorstore"],
+    "python_and_rest": max(0.0, total_user - user["xla"] - user["tensorstore"]),
+  }
 
 
 def _write_only(src: str, out: Path, plans) -> float:
@@ -217,6 +253,7 @@ def run(*, as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
     "copy_gb_per_s": copy_bps / 1e9,
     "produce_only_gb_per_s": m["bytes"] / m["produce_seconds"] / 1e9,
     "write_only_gb_per_s": m["bytes"] / m["write_only_seconds"] / 1e9,
+    "conversion_cpu_seconds": m["cpu_seconds"],
     "peak_rss_gb": m["rss_peak"] / 1e9,
     "rss_before_gb": m["rss_before"] / 1e9,
     "largest_tensor_group_gb": largest / 1e9,
@@ -235,6 +272,10 @@ def run(*, as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
     ("making the chunks only (no writes) GB/s", f"{result['produce_only_gb_per_s']:.3f}"),
     ("writing ready-made chunks only (the writer alone) GB/s", f"{result['write_only_gb_per_s']:.3f}"),
     ("conversion / writer-alone rate", f"{result['gb_per_s'] / result['write_only_gb_per_s']:.2f}"),
+    *(
+      (f"conversion CPU seconds: {who}", f"{secs:.1f} ({secs / sum(m['cpu_seconds'].values()):.0%})")
+      for who, secs in m["cpu_seconds"].items()
+    ),
     ("RSS before conversion GB (Python, JAX, MaxText)", f"{result['rss_before_gb']:.2f}"),
     ("peak RSS GB", f"{result['peak_rss_gb']:.2f}"),
     ("largest tensor group GB (the embedding, bf16)", f"{result['largest_tensor_group_gb']:.3f}"),
