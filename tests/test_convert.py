@@ -290,3 +290,18 @@ def test_threaded_chunk_making_gives_the_same_chunks_in_order():
     assert [i for i, _ in one] == [i for i, _ in many]
     for (_, a), (_, b) in zip(one, many, strict=True):
       np.testing.assert_array_equal(a, b)
+
+
+def test_a_failed_flush_leaves_neither_output_nor_partial_directory(tmp_path, monkeypatch):
+  """The output is fsynced before it is renamed into place; if that fails (a full or failing disk), the
+  staged directory goes and OUT is never created."""
+
+  def failing_fsync(path):
+    raise OSError(5, "Input/output error", str(path))
+
+  monkeypatch.setattr(convert, "_fsync", failing_fsync)
+  with pytest.raises(OSError, match="Input/output error"):
+    with convert.staged_output(tmp_path / "out", force=False) as tmp:
+      tmp.mkdir()
+      (tmp / "data").write_bytes(b"x")
+  assert list(tmp_path.iterdir()) == []

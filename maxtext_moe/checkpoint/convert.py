@@ -57,10 +57,10 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
   shutil.rmtree(tmp, ignore_errors=True)
   try:
     yield tmp
+    _fsync_tree(tmp)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  _fsync_tree(tmp)
   if out.exists():
     shutil.rmtree(out)
   tmp.rename(out)
