@@ -172,22 +172,18 @@ def _write_only(src: str, out: Path, plans) -> float:
   path, into the same kind of staged directory) given chunks that cost nothing to make: the speed the
   conversion would have if reading, dequantizing and transposing were free."""
   from maxtext_moe.checkpoint import convert
-  from maxtext_moe.checkpoint.orbax_io import StreamedLeaf, save_tree
+  from maxtext_moe.checkpoint.orbax_io import save_tree
   from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
 
-  ckpt = HFCheckpoint(src)
   made: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
 
-  def chunks(plan, dtype):
+  def ready_made(plan, dtype):
     for _, _, index in plan.chunks():
       shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, plan.leaf.shape, strict=True))
       yield index, made.setdefault((shape, dtype), np.ones(shape, dtype))
 
-  tree: dict = {}
-  for plan in plans:
-    dtype = convert._leaf_dtype(plan, ckpt, np.dtype(ml_dtypes.bfloat16))  # pylint: disable=protected-access
-    leaf = StreamedLeaf(plan.leaf.shape, dtype, plan.write_chunk_shape(), functools.partial(chunks, plan, dtype))
-    convert._nest(tree, ("params", *plan.leaf.path), leaf)  # pylint: disable=protected-access
+  dtypes = convert.leaf_dtypes(plans, HFCheckpoint(src), np.dtype(ml_dtypes.bfloat16))
+  tree = convert.streamed_tree(plans, dtypes, lambda plan, dtype: functools.partial(ready_made, plan, dtype))
   start = time.perf_counter()
   with convert.staged_output(out, force=False) as tmp:
     save_tree(tmp, tree)

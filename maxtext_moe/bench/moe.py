@@ -149,13 +149,15 @@ def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str
   from rich.console import Console
   from rich.table import Table
 
+  from maxtext_moe.launch import flags
+
   chosen = [GemmBackend(b) for b in (backends or ["tiled", "ragged_dot", "tokamax"])]
   eff = gemm_efficiency(chosen)
   times, diffs = layer_times()
   dedup = dedup_measurement()
   result = {
     "platform": jax.default_backend(),
-    "runtime_env": {k: os.environ.get(k) for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")},
+    "runtime_env": {k: os.environ.get(k) for k in flags.profile("cpu").env},
     "gemm_shape": GEMM,
     "gemm_efficiency": eff,
     "layer_seconds": times,

@@ -141,11 +141,28 @@ def _nest(tree: dict, path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
-def _leaf_dtype(plan: deepseek.LeafPlan, ckpt: HFCheckpoint, out_dtype: np.dtype) -> np.dtype:
-  """The requested dtype, except that a tensor Hugging Face keeps in float32 (DeepSeek-V3's
-  e_score_correction_bias) stays float32: converting must not lose precision the source kept."""
-  first_name = next(plan.slices())[0]
-  return np.dtype(np.float32) if ckpt.tensors[first_name].dtype == "F32" else out_dtype
+def streamed_tree(
+  plans: list[deepseek.LeafPlan],
+  dtypes: list[np.dtype],
+  chunks: Callable[[deepseek.LeafPlan, np.dtype], Callable[[], Iterator[tuple[tuple[slice, ...], np.ndarray]]]],
+  on_chunk: Callable[[int], None] = lambda nbytes: None,
+) -> dict:
+  """The PyTree hf_to_maxtext writes: a StreamedLeaf per plan at ("params", *its leaf path), whose chunks
+  come from `chunks(plan, dtype)`."""
+  from maxtext_moe.checkpoint.orbax_io import StreamedLeaf  # pylint: disable=import-outside-toplevel
+
+  tree: dict = {}
+  for plan, dtype in zip(plans, dtypes, strict=True):
+    leaf = StreamedLeaf(plan.leaf.shape, dtype, plan.write_chunk_shape(), chunks(plan, dtype), on_chunk)
+    _nest(tree, ("params", *plan.leaf.path), leaf)
+  return tree
+
+
+def leaf_dtypes(plans: list[deepseek.LeafPlan], ckpt: HFCheckpoint, out_dtype: np.dtype) -> list[np.dtype]:
+  """Each leaf's output dtype: the requested one, except that a tensor Hugging Face keeps in float32
+  (DeepSeek-V3's e_score_correction_bias) stays float32: converting must not lose precision the source kept."""
+  f32 = np.dtype(np.float32)
+  return [f32 if ckpt.tensors[next(p.slices())[0]].dtype == "F32" else out_dtype for p in plans]
 
 
 def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: str) -> set[str]:
@@ -208,7 +225,7 @@ def hf_to_maxtext(
 ) -> dict[str, Any]:
   """Converts a Hugging Face DeepSeek-V3 checkpoint to a MaxText parameter checkpoint at OUT/items.
   `max_chunk_elems` bounds the unit written at once (tensors above it are cut into row blocks)."""
-  from maxtext_moe.checkpoint.orbax_io import StreamedLeaf, save_tree
+  from maxtext_moe.checkpoint.orbax_io import save_tree
 
   if dtype not in OUT_DTYPES:
     raise UserError(f"--dtype {dtype} is not one of {', '.join(OUT_DTYPES)}")
@@ -224,19 +241,15 @@ def hf_to_maxtext(
     n for n in ckpt.tensors if n not in used and not n.endswith("_scale_inv") and not deepseek.HF_SKIPPED.match(n)
   )
 
-  def leaf(plan: deepseek.LeafPlan, leaf_dtype: np.dtype, advance: Callable[[int], None]) -> StreamedLeaf:
-    chunks = functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype, workers=WORKERS)
-    return StreamedLeaf(plan.leaf.shape, leaf_dtype, plan.write_chunk_shape(), chunks, advance)
+  def chunks(plan: deepseek.LeafPlan, leaf_dtype: np.dtype):
+    return functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype, workers=WORKERS)
 
   bound_host_memory()
-  dtypes = [_leaf_dtype(p, ckpt, OUT_DTYPES[dtype]) for p in plans]
+  dtypes = leaf_dtypes(plans, ckpt, OUT_DTYPES[dtype])
   total = sum(int(np.prod(p.leaf.shape)) * d.itemsize for p, d in zip(plans, dtypes, strict=True))
   start = time.perf_counter()
   with staged_output(Path(out), force=force) as tmp, _Progress("hf -> maxtext", total, _interactive()) as progress:
-    tree: dict = {}
-    for plan, leaf_dtype in zip(plans, dtypes, strict=True):
-      _nest(tree, ("params", *plan.leaf.path), leaf(plan, leaf_dtype, progress.advance))
-    save_tree(tmp, tree)
+    save_tree(tmp, streamed_tree(plans, dtypes, chunks, progress.advance))
     summary = {
       "direction": "hf-to-maxtext",
       "source": str(Path(hf_dir).absolute()),
