@@ -18,19 +18,17 @@ CONFIGS = REPO / "configs"
 
 
 def run_cli(args: list[str], *, cwd: Path, devices: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-  """Runs `python -m maxtext_moe ARGS` in a fresh process with `devices` fake CPU devices and the cpu flag
-  profile's environment."""
-  from maxtext_moe.launch import flags  # pylint: disable=import-outside-toplevel
+  """Runs `python -m maxtext_moe ARGS` in a fresh process with `devices` fake CPU devices."""
 
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PYTHONUNBUFFERED="1")
-  env |= flags.profile("cpu").env  # what `train` re-executes itself with on CPU; starting with it saves that
   return subprocess.run(
     [sys.executable, "-m", "maxtext_moe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
   )
 
 
 @pytest.fixture(scope="session")
-def adapter():
-  from maxtext_moe import maxtext_adapter
+def upstream_config():
+  """maxtext_moe.upstream.config: config resolution through MaxText."""
+  from maxtext_moe.upstream import config
 
-  return maxtext_adapter
+  return config

@@ -2,7 +2,7 @@
 
 import pytest
 
-from maxtext_moe.bench.moe import DEDUP, _dedup_in_process
+from maxtext_moe.bench.moe_speed import _dedup_in_process
 from maxtext_moe.cli import build_parser
 
 
@@ -11,7 +11,6 @@ def test_measured_dedup_matches_the_analytic_expectation():
   assert got["dropped"] == 0
   assert got["measured"] == pytest.approx(got["expected"], rel=0.01), got
   assert got["measured"] < 1.0
-  assert DEDUP["ep"] == 8
 
 
 def test_bench_cli_parses():

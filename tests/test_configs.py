@@ -23,11 +23,11 @@ def _fake_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("name", ALL_RECIPES)
-def test_recipe_resolves_and_validates(name, adapter, tmp_path):
+def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   """Config resolution only: nothing is allocated, so the 671B recipes are checked on CPU too."""
   finetune = name.endswith("-finetune")
   overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
-  cfg = adapter.resolve(recipes.recipe_path(name), overrides)
+  cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
   assert cfg.finetune == finetune
   model = name.split("/")[1].removesuffix("-finetune")
   assert cfg.model_name == model
@@ -43,10 +43,10 @@ CONFIG_FILES = sorted(p for p in CONFIGS.rglob("*.yml") if "flags" not in p.rela
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))
-def test_every_yaml_parses_and_uses_known_keys(path, adapter):
+def test_every_yaml_parses_and_uses_known_keys(path, upstream_config):
   data = yaml.safe_load(path.read_text())
   assert isinstance(data, dict) and data
-  unknown = set(data) - set(adapter.MoEMaxTextConfig.model_fields)
+  unknown = set(data) - set(upstream_config.MoEMaxTextConfig.model_fields)
   assert unknown == set()
 
 
@@ -59,16 +59,16 @@ def test_recipe_sets_no_key_its_model_file_also_sets(name):
   assert set(recipe) & set(model) == set()
 
 
-def test_finetune_recipe_refuses_to_start_from_random_weights(adapter, tmp_path):
+def test_finetune_recipe_refuses_to_start_from_random_weights(upstream_config, tmp_path):
   from maxtext_moe.errors import UserError
 
   path = recipes.recipe_path("cpu/deepseek3-tiny-finetune")
   with pytest.raises(UserError, match="finetune=true needs weights to start from: set load_parameters_path"):
-    adapter.resolve(path, [])
+    upstream_config.resolve(path, [])
   with pytest.raises(UserError, match="does not exist"):
-    adapter.resolve(path, [f"load_parameters_path={tmp_path / 'nope'}"])
+    upstream_config.resolve(path, [f"load_parameters_path={tmp_path / 'nope'}"])
   with pytest.raises(UserError, match="is not an Orbax checkpoint"):
-    adapter.resolve(path, [f"load_parameters_path={tmp_path}"])
+    upstream_config.resolve(path, [f"load_parameters_path={tmp_path}"])
 
 
 def test_every_model_file_is_used_by_a_recipe():
@@ -76,8 +76,8 @@ def test_every_model_file_is_used_by_a_recipe():
   assert {p.stem for p in MODEL_FILES} <= used
 
 
-def test_deepseek_v3_671b_hyperparameters(adapter):
-  cfg = adapter.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), [])
+def test_deepseek_v3_671b_hyperparameters(upstream_config):
+  cfg = upstream_config.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), [])
   assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_experts) == (256, 8, 1)
   assert (cfg.n_routing_groups, cfg.topk_routing_group) == (8, 4)
   assert cfg.routed_score_func == "sigmoid" and cfg.routed_bias
@@ -87,22 +87,22 @@ def test_deepseek_v3_671b_hyperparameters(adapter):
   assert (cfg.moe_mlp_dim, cfg.vocab_size, cfg.mtp_num_layers) == (2048, 129280, 1)
 
 
-def test_our_model_file_shadows_maxtexts(adapter):
+def test_our_model_file_shadows_maxtexts(upstream_config):
   """MaxText's own deepseek3-tiny has 61 layers and a 129k vocab; ours must win."""
-  cfg = adapter.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
+  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
   assert (cfg.num_decoder_layers, cfg.vocab_size) == (4, 32000)
 
 
-def test_proxy_is_about_16b_parameters(adapter):
-  cfg = adapter.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+def test_proxy_is_about_16b_parameters(upstream_config):
+  cfg = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
   d, f, moe_layers = cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_decoder_layers - cfg.first_num_dense_layers
   experts = moe_layers * (cfg.num_experts + cfg.shared_experts) * 3 * d * f
   embeddings = 2 * cfg.vocab_size * d
   assert 14e9 < experts + embeddings < 17e9
 
 
-def test_overrides_win_over_the_recipe(adapter):
-  cfg = adapter.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["steps=7", "learning_rate=1e-4"])
+def test_overrides_win_over_the_recipe(upstream_config):
+  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["steps=7", "learning_rate=1e-4"])
   assert (cfg.steps, cfg.learning_rate) == (7, 1e-4)
 
 
@@ -110,5 +110,8 @@ def test_config_command_reports_changes_vs_maxtext():
   from maxtext_moe.launch.show import show_config
 
   text = show_config("cpu/deepseek3-tiny", [])
-  assert "plugin keys:" in text and "recipe_hardware: 'cpu'" in text
-  assert "num_experts: 16  (1)" in text  # ours, then MaxText's default
+  parsed = yaml.safe_load(text)
+  assert parsed["plugin_keys"]["recipe_hardware"] == "cpu" and parsed["plugin_keys"]["offload"] is None
+  assert parsed["changed_vs_maxtext"]["num_experts"] == 16
+  assert "  num_experts: 16  # maxtext: 1" in text.splitlines()  # ours, then MaxText's default
+  assert "dump_hlo_xla_flags" not in parsed["changed_vs_maxtext"], "MaxText's HLO-dump default stays off"

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import REPO, run_cli
-from maxtext_moe.checkpoint import convert
+from maxtext_moe.checkpoint import convert, export, staging
 from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
 from maxtext_moe.errors import UserError
 
@@ -34,19 +34,22 @@ def converted(tmp_path_factory):
   }
 
 
-def _logits(adapter, items_path, tokens, mtp=1):
+def _logits(upstream_config, items_path, tokens, mtp=1):
+  from maxtext_moe.upstream.model import load_and_forward
+
   # 8 fake devices shard the batch 8 ways: repeat the 2 reference rows to 8 and keep the first 2.
   batch = np.tile(tokens, (4, 1))
   config = str(REPO / "configs" / "recipes" / "cpu" / "deepseek3-tiny.yml")
   overrides = [*SHAPE, *F32, f"mtp_num_layers={mtp}", "per_device_batch_size=1", f"max_target_length={tokens.shape[1]}"]
-  return np.asarray(adapter.load_and_forward(config, overrides, items_path, batch))[: tokens.shape[0]]
+  cfg = upstream_config.resolved(config, overrides)
+  return np.asarray(load_and_forward(cfg, items_path, batch))[: tokens.shape[0]]
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp8"])
-def test_logits_match_transformers(variant, converted, adapter):
+def test_logits_match_transformers(variant, converted, upstream_config):
   """The converted checkpoint in MaxText (with our MoE block) gives transformers' logits; the FP8 variant
   gives the logits of its bf16-dequantized weights."""
-  got = _logits(adapter, converted[variant]["load_parameters_path"], REF["tokens"])
+  got = _logits(upstream_config, converted[variant]["load_parameters_path"], REF["tokens"])
   want = REF[f"logits_{variant}"]
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
   other = REF["logits_fp8" if variant == "bf16" else "logits_bf16"]
@@ -62,7 +65,7 @@ def test_mtp_and_ignored_tensors_are_reported(converted):
 def test_bf16_round_trip_is_bit_exact(tmp_path):
   overrides = [*SHAPE, "mtp_num_layers=1"]
   convert.hf_to_maxtext(str(FIXTURE / "bf16"), MODEL, str(tmp_path / "mt"), overrides=overrides)
-  convert.maxtext_to_hf(str(tmp_path / "mt"), MODEL, str(tmp_path / "hf"), overrides=overrides, max_shard_gb=0.0004)
+  export.maxtext_to_hf(str(tmp_path / "mt"), MODEL, str(tmp_path / "hf"), overrides=overrides, max_shard_gb=0.0004)
   src, back = HFCheckpoint(FIXTURE / "bf16"), HFCheckpoint(tmp_path / "hf")
   assert set(back.tensors) == set(src.tensors)
   assert len({i.shard for i in back.tensors.values()}) > 1, "the size limit must split the output into shards"
@@ -96,7 +99,7 @@ def _cross_entropy(logits, targets):
   return float(-np.take_along_axis(logp, targets[..., None], -1).mean())
 
 
-def test_finetune_starts_at_the_reference_models_loss(tmp_path, adapter):
+def test_finetune_starts_at_the_reference_models_loss(tmp_path, upstream_config):
   """Two fine-tuning steps on MaxText's synthetic batch from the converted checkpoint: the first loss is the
   converted model's own loss on that batch (whose logits match transformers, above), far from a fresh model's."""
   ckpt = convert.hf_to_maxtext(
@@ -120,14 +123,14 @@ def test_finetune_starts_at_the_reference_models_loss(tmp_path, adapter):
   # under the trainer's jax_default_prng_impl=unsafe_rbg (trainers/pre_train/train.py).
   key = jax.random.key(0, impl="unsafe_rbg")
   tokens = np.asarray(jax.random.randint(key, (2, 25), 0, 256, dtype=np.int32))
-  logits = _logits(adapter, ckpt["load_parameters_path"], tokens[:, :-1], mtp=0)
+  logits = _logits(upstream_config, ckpt["load_parameters_path"], tokens[:, :-1], mtp=0)
   reference = _cross_entropy(logits, tokens[:, 1:])
   assert first["ft"] == pytest.approx(reference, abs=1e-5)
   assert abs(first["scratch"] - reference) > 1.0
 
   # ... and the fine-tuned training checkpoint exports back to Hugging Face: every tensor, moved a little.
   trained = tmp_path / "runs" / "ft" / "checkpoints" / "1"
-  convert.maxtext_to_hf(str(trained), MODEL, str(tmp_path / "hf"), overrides=[*SHAPE, "mtp_num_layers=0"])
+  export.maxtext_to_hf(str(trained), MODEL, str(tmp_path / "hf"), overrides=[*SHAPE, "mtp_num_layers=0"])
   src, out = HFCheckpoint(FIXTURE / "bf16"), HFCheckpoint(tmp_path / "hf")
   assert set(out.tensors) == {n for n in src.tensors if not n.startswith("model.layers.3.")}
   for name in ("model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.2.mlp.gate.e_score_correction_bias"):
@@ -299,9 +302,9 @@ def test_a_failed_flush_leaves_neither_output_nor_partial_directory(tmp_path, mo
   def failing_fsync(path):
     raise OSError(5, "Input/output error", str(path))
 
-  monkeypatch.setattr(convert, "_fsync", failing_fsync)
+  monkeypatch.setattr(staging, "_fsync", failing_fsync)
   with pytest.raises(OSError, match="Input/output error"):
-    with convert.staged_output(tmp_path / "out", force=False) as tmp:
+    with staging.staged_output(tmp_path / "out", force=False) as tmp:
       tmp.mkdir()
       (tmp / "data").write_bytes(b"x")
   assert list(tmp_path.iterdir()) == []

@@ -31,9 +31,9 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
     (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
   ],
 )
-def test_bad_overrides_raise_one_line(overrides, expected, adapter):
+def test_bad_overrides_raise_one_line(overrides, expected, upstream_config):
   with pytest.raises(UserError) as e:
-    adapter.resolve(TINY, overrides)
+    upstream_config.resolve(TINY, overrides)
   assert expected in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -43,15 +43,15 @@ def test_misspelled_recipe_suggests_the_closest():
     recipes.recipe_path("cpu/deepseek3-tini")
 
 
-def test_device_count_must_match_the_recipe(adapter):
-  cfg = adapter.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+def test_device_count_must_match_the_recipe(upstream_config):
+  cfg = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
   with pytest.raises(UserError, match="recipe lays out 8 devices but 1 are visible"):
     check_visible_devices(cfg, visible=1)
   check_visible_devices(cfg, visible=8)
 
 
-def test_ragged_dispatch_is_refused_on_cpu(adapter):
-  cfg = adapter.resolve(TINY, ["moe_dispatch=ragged_all_to_all"])
+def test_ragged_dispatch_is_refused_on_cpu(upstream_config):
+  cfg = upstream_config.resolve(TINY, ["moe_dispatch=ragged_all_to_all"])
   with pytest.raises(
     UserError, match="needs a GPU or TPU .XLA:CPU has no ragged-all-to-all.; use moe_dispatch=all_to_all"
   ):
@@ -59,8 +59,8 @@ def test_ragged_dispatch_is_refused_on_cpu(adapter):
   check_platform(cfg, platform="gpu")
 
 
-def test_fixed_layout_must_equal_the_device_count(adapter):
-  cfg = adapter.resolve(TINY, ["ici_fsdp_parallelism=4"])
+def test_fixed_layout_must_equal_the_device_count(upstream_config):
+  cfg = upstream_config.resolve(TINY, ["ici_fsdp_parallelism=4"])
   with pytest.raises(UserError, match="ici_\\*_parallelism product is 4 but must equal the 8 devices per slice"):
     check_visible_devices(cfg, visible=8)
   check_visible_devices(cfg, visible=4)

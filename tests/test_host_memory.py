@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from maxtext_moe.launch import flags
+from maxtext_moe.config import flags
 
 _CODE = """
 import ctypes, sys

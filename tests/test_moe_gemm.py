@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul, resolve_backend
+from maxtext_moe.moe.gemm import grouped_matmul
+from maxtext_moe.moe.settings import GemmBackend, resolve_backend
 
 BACKENDS = [GemmBackend.RAGGED_DOT, GemmBackend.TILED, GemmBackend.TOKAMAX]
 
@@ -69,4 +70,4 @@ def test_auto_picks_tiled_on_cpu():
   assert resolve_backend("auto", platform="cpu") == GemmBackend.TILED
   assert resolve_backend("auto", platform="gpu") == GemmBackend.RAGGED_DOT
   with pytest.raises(ValueError):
-    resolve_backend("nope")
+    resolve_backend("nope", platform="cpu")

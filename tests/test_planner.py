@@ -5,10 +5,11 @@ import json
 import pytest
 
 from conftest import REPO, run_cli
-from maxtext_moe import planner
-from maxtext_moe.bench import plan as bench_plan
+from maxtext_moe.bench import plan_accuracy
 from maxtext_moe.config import recipes
 from maxtext_moe.config.keys import Hardware
+from maxtext_moe.planner import estimate
+from maxtext_moe.planner.memory_plan import memory_plan
 
 
 def test_shard_elements_worked_example():
@@ -23,33 +24,37 @@ def test_shard_elements_worked_example():
     ("norm", None),
   ]
   sizes = {"expert": 8, "fsdp": 9, "tensor": 1}
-  assert planner.shard_elements((256, 7168, 2048), ("exp", "embed", "mlp"), rules, sizes) == 32 * 797 * 2048
-  assert planner.shard_elements((7168,), ("norm",), rules, sizes) == 7168
+  assert estimate.shard_elements((256, 7168, 2048), ("exp", "embed", "mlp"), rules, sizes) == 32 * 797 * 2048
+  assert estimate.shard_elements((7168,), ("norm",), rules, sizes) == 7168
   # Alone, embed takes both of its axes: 7168 / 72, rounded up.
-  assert planner.shard_elements((7168, 10), ("embed", None), rules, sizes) == 100 * 10
+  assert estimate.shard_elements((7168, 10), ("embed", None), rules, sizes) == 100 * 10
 
 
-def test_mesh_sizes_fill_the_auto_axis_like_maxtext(adapter):
-  cfg = adapter.resolved(REPO / "configs/recipes/gb300x1024/deepseek3-671b.yml", [])
-  sizes = planner.mesh_sizes(cfg, 1024)
+def test_mesh_sizes_fill_the_auto_axis_like_maxtext(upstream_config):
+  cfg = upstream_config.resolved(REPO / "configs/recipes/gb300x1024/deepseek3-671b.yml", [])
+  sizes = estimate.mesh_sizes(cfg, 1024)
   assert sizes["fsdp"] * sizes["expert"] == 1024 and sizes["data"] == 1
-  tiny = adapter.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [])
-  assert planner.mesh_sizes(tiny, 8)["fsdp"] == 8  # ici_fsdp_parallelism=-1 takes all devices
+  tiny = upstream_config.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [])
+  assert estimate.mesh_sizes(tiny, 8)["fsdp"] == 8  # ici_fsdp_parallelism=-1 takes all devices
 
 
 def test_every_gpu_hardware_has_a_spec():
-  assert set(planner.DEVICES) == {h for h in Hardware if h != Hardware.CPU}
+  assert set(estimate.DEVICES) == {h for h in Hardware if h != Hardware.CPU}
 
 
-@pytest.mark.parametrize("case", bench_plan.QUICK)
-def test_estimate_within_15_percent_of_xla_memory_analysis(case):
-  """The estimate against XLA's own compiled figure for the same config (train step, 8 fake devices)."""
-  result = bench_plan.compare(case)
-  assert result["rel_error"] <= 0.15, result
+def test_estimate_within_15_percent_of_xla_memory_analysis(tmp_path):
+  """`bench plan --quick --json`: the estimate against XLA's own compiled figure for the same config (train
+  step, 8 fake devices), for each quick case; its standard output is the JSON object alone."""
+  r = run_cli(["bench", "plan", "--quick", "--json"], cwd=tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  cases = json.loads(r.stdout)["cases"]
+  assert sorted(cases) == sorted(plan_accuracy.QUICK)
+  for name, case in cases.items():
+    assert case["rel_error"] <= 0.15, (name, case)
 
 
 def test_671b_rack_fits_and_reports_every_component():
-  result = planner.plan("gb200-nvl72/deepseek3-671b", [])
+  result = memory_plan("gb200-nvl72/deepseek3-671b", [])
   assert result.base.fits and result.dispatch == "ragged_all_to_all"
   table = result.table()
   for row in (
@@ -73,13 +78,13 @@ def test_671b_rack_fits_and_reports_every_component():
 @pytest.mark.parametrize("recipe", [r for r in recipes.list_recipes() if not r.startswith("cpu/")])
 def test_every_gpu_recipe_fits_by_the_planner(recipe):
   """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64 and mixtral on H100)."""
-  result = planner.plan(recipe, [])
+  result = memory_plan(recipe, [])
   assert result.base.fits, result.table()
 
 
 def test_a_recipe_that_does_not_fit_gets_the_cheapest_fix():
   # Without host offload the 671B's fp32 Adam state does not fit a GB200 next to the weights and grads.
-  result = planner.plan("gb200-nvl72/deepseek3-671b", ["offload=none"])
+  result = memory_plan("gb200-nvl72/deepseek3-671b", ["offload=none"])
   assert not result.base.fits
   assert result.fix_kind == "offload preset" and result.fix.overrides == ["offload=optimizer"]
   assert "DOES NOT FIT" in result.table() and "cheapest fix (offload preset): offload=optimizer" in result.table()

@@ -34,7 +34,7 @@ def test_resume_drops_rows_at_or_after_the_restored_step(tmp_path):
     run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO()
   )
   rec.start(None, start_step=4)
-  rec(4, _scalars(1.5))
+  rec.step(4, _scalars(1.5))
   rec.finish()
   rows = read_jsonl(path)
   assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
@@ -46,7 +46,7 @@ def test_finish_writes_plot_and_summary(tmp_path):
   rec = RunRecorder(run_dir=tmp_path / "run", total_steps=3, num_devices=2, progress="plain", stream=out)
   rec.start(None, start_step=0)
   for step, loss in enumerate((10.0, 8.0, 5.0)):
-    rec(step, _scalars(loss, tokens=50.0 + step))
+    rec.step(step, _scalars(loss, tokens=50.0 + step))
   summary = rec.finish()
   assert (tmp_path / "run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert summary["final_loss"] == 5.0 and summary["first_loss"] == 10.0

@@ -50,9 +50,10 @@ def test_train_eight_devices_fsdp(tmp_path):
   assert len(losses) == 8 and sum(losses[-3:]) / 3 < 0.9 * losses[0], losses
 
 
-def test_flag_profile_is_applied_by_re_executing(tmp_path):
-  """A GPU flag profile on CPU: the launcher re-executes itself so XLA starts with the profile's XLA_FLAGS
-  (which XLA:CPU accepts and ignores), keeping the caller's own flags; the run records what it ran with."""
+def test_flag_profile_is_applied_in_process(tmp_path):
+  """A GPU flag profile on CPU: the launcher puts the profile's XLA_FLAGS (which XLA:CPU accepts and
+  ignores) into effect before the backend starts, keeping the caller's own flags, without re-executing
+  itself; the run records what it ran with."""
   args = ["train", "steps=1", "run_name=flags", "per_device_batch_size=1", "flag_profile=gb200", *FAST[1:]]
   r = run_cli([*args, "env_extra=[MAXTEXT_MOE_PROBE=1]"], cwd=tmp_path, devices=2)
   _check_ok(r)

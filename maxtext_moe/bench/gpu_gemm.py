@@ -16,8 +16,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from maxtext_moe.bench.moe import gemm_efficiency
-from maxtext_moe.moe.gemm import GemmBackend
+from maxtext_moe.bench.moe_speed import gemm_efficiency
+from maxtext_moe.moe.settings import GemmBackend
 
 SHAPE = {"rows": 16384, "dim": 7168, "hidden": 2048, "experts": 32}
 

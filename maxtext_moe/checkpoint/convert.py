@@ -1,14 +1,13 @@
-"""`maxtext-moe convert`: Hugging Face DeepSeek-V3 (FP8 or BF16) <-> MaxText Orbax, streamed.
+"""`maxtext-moe convert hf-to-maxtext`: Hugging Face DeepSeek-V3 (FP8 or BF16) -> MaxText Orbax, streamed.
 
-hf-to-maxtext
   1. Reads every shard's header (not the data) and the model's parameter tree from MaxText itself.
   2. Checks, before writing anything: config.json against the model, and that each needed tensor
      exists with the expected shape and a supported dtype.
   3. Writes each MaxText leaf chunk by chunk: one (layer, expert) slice at a time is read (memmap),
      dequantized if FP8, transposed/reshaped and written. Peak memory is a few slices, not the model.
-  4. Writes into `.<OUT>.partial-<pid>` next to OUT and renames it at the end, so OUT is either
-     complete or absent. An existing OUT needs --force and is replaced only once the new one is done.
-maxtext-to-hf is the same in reverse: bf16 safetensors shards, the index and config.json.
+  4. Writes through `staging.staged_output`, so OUT is either complete or absent. An existing OUT needs
+     --force and is replaced only once the new one is done.
+The reverse, maxtext-to-hf, is `export.py`.
 
 Training loads the result with load_parameters_path=OUT/items.
 """
@@ -18,12 +17,10 @@ import functools
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,8 @@ import numpy as np
 
 from maxtext_moe.checkpoint import deepseek
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
-from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint, write_shards
+from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint
+from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
 from maxtext_moe.errors import UserError
 
 OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
@@ -44,95 +42,20 @@ PROVENANCE = "maxtext_moe_conversion.json"
 WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-@contextmanager
-def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
-  """Yields a temporary sibling of `out` to write into; on success flushes it to disk and renames it to
-  `out`, on failure removes it. An existing `out` is an error unless `force`, and is only removed after
-  success. So `out` is either absent or complete and on disk, even across a power loss."""
-  out = Path(out).absolute()
-  if out.exists() and not force:
-    raise UserError(f"output directory {out} already exists; pass --force to replace it")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  try:
-    yield tmp
-    _fsync_tree(tmp)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  if out.exists():
-    shutil.rmtree(out)
-  tmp.rename(out)
-  _fsync(out.parent)
-
-
-def _fsync(path: Path) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-  """fsync every file and directory under root: the writers do not sync each write themselves."""
-  for dirpath, _, filenames in os.walk(root):
-    for name in filenames:
-      _fsync(Path(dirpath) / name)
-    _fsync(Path(dirpath))
-
-
 def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
   """(MaxText config, LeafPlans) for recipe `model` laid out on one device."""
-  from maxtext_moe import maxtext_adapter
   from maxtext_moe.config.recipes import recipe_path
+  from maxtext_moe.upstream import config as upstream_config
+  from maxtext_moe.upstream import model as upstream_model
 
-  one_device = [*maxtext_adapter.ONE_DEVICE_OVERRIDES, *overrides]
-  cfg, leaves = maxtext_adapter.abstract_params(str(recipe_path(model)), one_device)
+  cfg = upstream_config.resolved(recipe_path(model), [*upstream_model.ONE_DEVICE_OVERRIDES, *overrides])
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
-  abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in leaves]
-  plans = deepseek.plan(
+  abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]
+  plans = deepseek.leaf_plans(
     abstract, first_dense=cfg.first_num_dense_layers, num_layers=cfg.num_decoder_layers, max_chunk_elems=max_chunk_elems
   )
   return cfg, plans
-
-
-class _Progress:
-  """A rich progress bar in bytes with throughput (or nothing when not on a terminal)."""
-
-  def __init__(self, description: str, total: int, enabled: bool):
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    self.bar = (
-      Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-      )
-      if enabled
-      else None
-    )
-    self.task = self.bar.add_task(description, total=total) if self.bar else None
-    self.done = 0
-
-  def __enter__(self):
-    if self.bar:
-      self.bar.start()
-    return self
-
-  def __exit__(self, *exc):
-    if self.bar:
-      self.bar.stop()
-
-  def advance(self, nbytes: int) -> None:
-    self.done += nbytes
-    if self.bar:
-      self.bar.advance(self.task, nbytes)
 
 
 def _nest(tree: dict, path: tuple[str, ...], value: Any) -> None:
@@ -248,7 +171,7 @@ def hf_to_maxtext(
   dtypes = leaf_dtypes(plans, ckpt, OUT_DTYPES[dtype])
   total = sum(int(np.prod(p.leaf.shape)) * d.itemsize for p, d in zip(plans, dtypes, strict=True))
   start = time.perf_counter()
-  with staged_output(Path(out), force=force) as tmp, _Progress("hf -> maxtext", total, _interactive()) as progress:
+  with staged_output(Path(out), force=force) as tmp, ByteProgress("hf -> maxtext", total, interactive()) as progress:
     save_tree(tmp, streamed_tree(plans, dtypes, chunks, progress.advance))
     summary = {
       "direction": "hf-to-maxtext",
@@ -278,95 +201,3 @@ def _describe_ignored(names: list[str], cfg) -> str:
       hint = f"; an MTP module: pass mtp_num_layers={int(m.group(1)) - cfg.num_decoder_layers + 1} to keep it"
     parts.append(f"{prefix} ({count} tensors{hint})")
   return ", ".join(parts)
-
-
-def _stored_path(reader, leaf_path: tuple[str, ...]) -> tuple[str, ...] | None:
-  """Where a checkpoint keeps a leaf: under params/<collection>/... (converted or parameter checkpoints),
-  or, for a MaxText training checkpoint, MoEBiasVar leaves under nnx_aux/model/... (NNX's non-Param state)."""
-  collection, rest = leaf_path[0], leaf_path[1:]
-  candidates = [("params", *leaf_path)]
-  if collection != "params":
-    candidates += [("nnx_aux", "model", *rest), ("params", "params", *rest)]
-  for path in candidates:
-    try:
-      reader.shape(path)
-      return path
-    except Exception:  # pylint: disable=broad-except  # TensorStore raises several types for a missing array
-      continue
-  return None
-
-
-def _items_dir(ckpt_dir: str) -> Path:
-  path = Path(ckpt_dir)
-  if not path.exists():
-    raise UserError(f"checkpoint {path} does not exist")
-  items = path / "items" if (path / "items").is_dir() else path
-  if not (items / "_METADATA").is_file():
-    raise UserError(f"{path} is not an Orbax parameter checkpoint (no items/_METADATA); pass OUT or OUT/items")
-  return items
-
-
-def maxtext_to_hf(
-  ckpt_dir: str, model: str, out: str, *, overrides: list[str] = (), force: bool = False, max_shard_gb: float = 5.0
-) -> dict[str, Any]:
-  """Writes a MaxText parameter checkpoint as Hugging Face safetensors (bf16; float32 leaves stay float32)."""
-  from maxtext_moe.checkpoint.orbax_io import LeafReader
-
-  if Path(out).exists() and not force:
-    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
-  items = _items_dir(ckpt_dir)
-  cfg, plans = model_tree(model, list(overrides))
-  reader = LeafReader(items)
-  stored = {}  # leaf path -> where this checkpoint keeps it
-  for plan in plans:
-    path = stored[plan.leaf.path] = _stored_path(reader, plan.leaf.path)
-    if path is None:
-      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {model}?")
-    shape = reader.shape(path)
-    if shape != plan.leaf.shape:
-      raise UserError(
-        f"{'/'.join(plan.leaf.path)} has shape {list(shape)} in {items}, model {model} has {list(plan.leaf.shape)}"
-      )
-
-  bf16 = np.dtype(ml_dtypes.bfloat16)
-
-  def tensors() -> Iterator[tuple[str, np.ndarray]]:
-    copies = {}
-    for plan in plans:
-      path = stored[plan.leaf.path]
-      for name, index in plan.slices():
-        x = plan.to_hf(reader.read(path, index))
-        yield name, x if x.dtype == np.float32 and x.ndim == 1 else x.astype(bf16)
-      if plan.leaf.path[1:] in (("token_embedder", "embedding"), ("decoder", "logits_dense", "kernel")):
-        copies[plan.leaf.path[-2]] = plan  # the MTP layers ship copies of these two
-    for k in range(cfg.mtp_num_layers):
-      layer = cfg.num_decoder_layers + k
-      for key, hf_name in (("token_embedder", "embed_tokens"), ("logits_dense", "shared_head.head")):
-        plan = copies[key]
-        yield (
-          f"model.layers.{layer}.{hf_name}.weight",
-          plan.to_hf(reader.read(stored[plan.leaf.path])).astype(bf16),
-        )
-
-  total = sum(int(np.prod(p.leaf.shape)) * 2 for p in plans)
-  bound_host_memory()
-  start = time.perf_counter()
-  with staged_output(Path(out), force=force) as tmp, _Progress("maxtext -> hf", total, _interactive()) as progress:
-    tmp.mkdir()
-    for nbytes in write_shards(tmp, tensors(), max_shard_bytes=int(max_shard_gb * 2**30)):
-      progress.advance(nbytes)
-    (tmp / "config.json").write_text(json.dumps(deepseek.hf_config_for(cfg), indent=2, sort_keys=True) + "\n")
-    summary = {
-      "direction": "maxtext-to-hf",
-      "source": str(items),
-      "model": model,
-      "bytes_written": progress.done,
-      "seconds": round(time.perf_counter() - start, 3),
-    }
-  return summary
-
-
-def _interactive() -> bool:
-  import sys
-
-  return sys.stderr.isatty()

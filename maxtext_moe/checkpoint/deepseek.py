@@ -1,6 +1,6 @@
 """The DeepSeek-V3 name and layout mapping between Hugging Face and MaxText's scanned parameter tree.
 
-MaxText side (read from maxtext 0.2.5's model, see `maxtext_adapter.abstract_params`): layers are
+MaxText side (read from maxtext 0.2.5's model, see `upstream.model.param_leaves`): layers are
 scanned, so a per-layer weight is one leaf with a layer axis (logical name `dense_layers` /
 `moe_layers`, axis 1 for params, 0 for the `MoEBiasVar` collection that holds DeepSeek's
 `e_score_correction_bias`); routed experts add an `exp` axis. Linear kernels are [in, out] where
@@ -158,7 +158,7 @@ class LeafPlan:
     return relayout(x.reshape(prod(s[: self.in_dims]), prod(s[self.in_dims :])), x.dtype, transpose=True)
 
 
-def plan(
+def leaf_plans(
   leaves: list[AbstractLeaf], *, first_dense: int, num_layers: int, max_chunk_elems: int = MAX_CHUNK_ELEMS
 ) -> list[LeafPlan]:
   """A LeafPlan for every MaxText leaf; a leaf this mapping does not know is an error, not a silent skip.

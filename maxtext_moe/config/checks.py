@@ -2,11 +2,13 @@
 
 Each check takes the resolved config (any object with MaxText's attribute names) and raises
 `ValueError` with a one-line message that says what is wrong and how to fix it. They run inside
-the plugin's pydantic config class (see `maxtext_adapter`), after MaxText's own validation.
+the plugin's pydantic config class (see `upstream.config`), after MaxText's own validation.
 """
 
 import math
 from typing import Any
+
+from maxtext_moe.moe.settings import check_dispatch
 
 _ICI = "ici_"
 _DCN = "dcn_"
@@ -111,10 +113,7 @@ def check_dropless_block_applies(cfg: Any) -> None:
   if getattr(cfg, "te_moe_block", False):
     raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {fix}")
   ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
-  if str(cfg.moe_dispatch) == "local" and ep > 1:
-    raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
-  if str(cfg.moe_dispatch) == "ragged_all_to_all" and cfg.moe_capacity_factor > 0:
-    raise ValueError("moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0 or use all_to_all")
+  check_dispatch(cfg.moe_dispatch, ep=ep, capacity_factor=cfg.moe_capacity_factor)
   unsupported = {
     "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
     "mlp_bias": bool(cfg.mlp_bias),

@@ -1,7 +1,7 @@
 """The plugin's own config keys.
 
 These are plain pydantic fields with no MaxText import, so they can be listed, documented and
-snapshot-tested on a bare install. `maxtext_moe.maxtext_adapter` mixes them into MaxText's
+snapshot-tested on a bare install. `maxtext_moe.upstream.config` mixes them into MaxText's
 `MaxTextConfig`, which forbids unknown keys, so a misspelled plugin key is an error like any other.
 """
 
@@ -10,8 +10,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from maxtext_moe.config.offload import OffloadPreset
-from maxtext_moe.moe.block import DispatchKind
-from maxtext_moe.moe.gemm import GemmBackend
+from maxtext_moe.moe.settings import DispatchKind, GemmBackend
 
 
 class Hardware(StrEnum):

@@ -13,6 +13,8 @@ A preset's keys go before the user's key=value overrides, so an explicit overrid
 
 from enum import StrEnum
 
+from maxtext_moe.moe.settings import REMAT_NAMES
+
 
 class OffloadPreset(StrEnum):
   OPTIMIZER = "optimizer"
@@ -21,8 +23,10 @@ class OffloadPreset(StrEnum):
   ALL = "all"
 
 
-# MaxText's custom-remat tensor names that the activation preset moves to the host; the rest stay 'remat'.
-OFFLOADED_ACTIVATIONS = ("decoder_layer_input", "out_proj", "mlpwo", "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
+# MaxText's custom-remat tensor names that the activation preset moves to the host (each layer's input, the
+# attention output projection, the dense MLP's output, and the MoE block's three GEMM outputs); the rest
+# stay 'remat'.
+OFFLOADED_ACTIVATIONS = ("decoder_layer_input", "out_proj", "mlpwo", *REMAT_NAMES)
 
 
 def preset_overrides(preset: OffloadPreset | str | None) -> list[str]:

@@ -1,7 +1,7 @@
 """Per-step run outputs: a metrics JSONL file, live progress, a loss-curve PNG and a summary.
 
-MaxText's MetricLogger hands each training step's scalars to `RunRecorder.on_step` (through the hook
-in `maxtext_adapter`). The JSONL is appended to, so a resumed run continues the same file; lines at or
+MaxText's MetricLogger hands each training step's scalars to `RunRecorder.step` (through the trainer
+hook, `upstream.trainer`). The JSONL is appended to, so a resumed run continues the same file; lines at or
 after the restored step are dropped first, so a crash between checkpoint and log never duplicates steps.
 """
 
@@ -73,7 +73,7 @@ class RunRecorder:
   def metrics_path(self) -> Path:
     return self.run_dir / self.metrics_name
 
-  def start(self, config: Any, start_step: int) -> "RunRecorder":
+  def start(self, config: Any, start_step: int) -> None:
     """Called by MaxText's MetricLogger once the checkpoint (if any) is restored."""
     del config
     self.start_step = start_step
@@ -82,9 +82,9 @@ class RunRecorder:
     _rewrite_jsonl(self.metrics_path, kept)
     self._file = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
     self._start_progress()
-    return self
 
-  def __call__(self, step: int, scalars: dict[str, float]) -> None:
+  def step(self, step: int, scalars: dict[str, float]) -> None:
+    """One logged training step's scalars (MaxText's and the moe/* ones)."""
     row = step_row(step, scalars, num_devices=self.num_devices)
     self.rows.append(row)
     assert self._file is not None

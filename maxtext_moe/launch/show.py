@@ -1,14 +1,15 @@
-"""`maxtext-moe config`: the resolved config, and what our layers changed relative to MaxText."""
+"""`maxtext-moe config`: the resolved config as YAML, and what our layers changed relative to MaxText.
+
+The output parses as YAML: `plugin_keys`, then `changed_vs_maxtext` (each key's value, MaxText's own
+base.yml value in a comment) or, with --all, `maxtext_keys`."""
 
 from typing import Any
+
+import yaml
 
 from maxtext_moe.config.keys import PLUGIN_KEY_NAMES, PluginKeys
 
 _SKIP = {"base_config"}  # a loader meta-key, always differs
-
-
-def _fmt(v: Any) -> str:
-  return repr(getattr(v, "value", v))  # enums print as their value
 
 
 def config_diff(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -16,23 +17,33 @@ def config_diff(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, tuple[An
   return {k: (base[k], v) for k, v in cfg.items() if k in base and k not in _SKIP and base[k] != v}
 
 
-def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) -> str:
-  """Text report: plugin keys, then changed (or all) MaxText keys, sorted."""
-  from maxtext_moe import maxtext_adapter
-  from maxtext_moe.launch.train import prepare
+def _flow(value: Any) -> str:
+  """One line of YAML for any value (flow style: JSON-like collections)."""
+  text = yaml.safe_dump(value, default_flow_style=True, width=10**9)
+  return text.strip().removesuffix("...").strip()
 
-  path, full, cfg = prepare(recipe, overrides)
-  ours = cfg.model_dump()
-  base = maxtext_adapter.maxtext_base_defaults()
-  lines = [f"# {path}", f"# overrides: {' '.join(full) or '(none)'}", "", "plugin keys:"]
-  lines += [f"  {k}: {_fmt(ours[k])}" for k in PLUGIN_KEY_NAMES]
+
+def _yaml_entry(key: str, value: Any, comment: str = "") -> str:
+  return f"  {key}: {_flow(value)}" + (f"  # {comment}" if comment else "")
+
+
+def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) -> str:
+  """YAML report: plugin keys, then changed (or all) MaxText keys, sorted."""
+  from maxtext_moe.launch.train import read_launch
+  from maxtext_moe.upstream.config import maxtext_base_defaults
+
+  launch = read_launch(recipe, overrides)
+  ours = launch.resolve().model_dump(mode="json")
+  base = maxtext_base_defaults()
+  lines = [f"# recipe: {launch.path}", f"# overrides: {' '.join(launch.overrides) or '(none)'}", "plugin_keys:"]
+  lines += [_yaml_entry(key, ours[key]) for key in PLUGIN_KEY_NAMES]
   if show_all:
-    lines += ["", "all MaxText keys:"]
-    lines += [f"  {k}: {_fmt(v)}" for k, v in sorted(ours.items()) if k not in PLUGIN_KEY_NAMES]
-  else:
-    diff = config_diff(ours, base)
-    lines += ["", f"changed vs MaxText base.yml ({len(diff)} keys): key: ours  (maxtext default)"]
-    lines += [f"  {k}: {_fmt(new)}  ({_fmt(old)})" for k, (old, new) in sorted(diff.items())]
+    lines.append("maxtext_keys:")
+    lines += [_yaml_entry(k, v) for k, v in sorted(ours.items()) if k not in PLUGIN_KEY_NAMES]
+    return "\n".join(lines)
+  diff = config_diff(ours, base)
+  lines.append(f"changed_vs_maxtext:  # {len(diff)} keys; MaxText's base.yml value in the comment")
+  lines += [_yaml_entry(key, new, f"maxtext: {_flow(old)}") for key, (old, new) in sorted(diff.items())]
   return "\n".join(lines)
 
 
@@ -40,5 +51,6 @@ def show_keys() -> str:
   """The plugin's keys with their defaults and descriptions."""
   lines = []
   for name, f in PluginKeys.model_fields.items():
-    lines.append(f"{name} (default {_fmt(f.default)}): {f.description}")
+    default = getattr(f.default, "value", f.default)
+    lines.append(f"{name} (default {default!r}): {f.description}")
   return "\n".join(lines)

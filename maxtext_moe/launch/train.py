@@ -1,33 +1,81 @@
-"""`maxtext-moe train`: resolve a recipe, prepare what it needs, run MaxText's trainer, report."""
+"""`maxtext-moe train`: resolve a recipe once, put its environment into effect, run MaxText's trainer, report.
+
+The order matters: the flag environment comes from the YAML layers alone (no JAX backend yet) and is
+applied to this process; only then does MaxText resolve the config (its validation starts the backend,
+which reads XLA_FLAGS), once; the trainer is handed that object.
+"""
 
 import datetime
 import json
 import os
-import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from maxtext_moe.config import checks, offload, recipes
+from maxtext_moe.config import checks, flags, recipes
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch import flags
 
 
-def derived_overrides(cfg: Any) -> list[str]:
-  """key=value pairs the launcher adds after a first resolution: absolute output dir, run name."""
+def _check_overrides(overrides: list[str]) -> None:
+  for item in overrides:
+    key, sep, _ = item.partition("=")
+    if not sep or not key:
+      raise UserError(f"expected key=value, got '{item}'")
+
+
+def derived_overrides(keys: Any) -> list[str]:
+  """key=value pairs the launcher adds: the output directory made absolute (it is taken from the current
+  directory), and a run name to the second when none is set (MaxText's own is to the minute, so two runs
+  started in the same minute would silently share checkpoints)."""
   extra = []
-  if not os.path.isabs(cfg.base_output_directory) and "://" not in cfg.base_output_directory:
-    extra.append(f"base_output_directory={Path(cfg.base_output_directory).resolve()}")
-  if _run_name_is_derived(cfg):
+  out = keys.base_output_directory
+  if out and not os.path.isabs(out) and "://" not in out:
+    extra.append(f"base_output_directory={Path(out).resolve()}")
+  if not keys.run_name_set:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    extra.append(f"run_name={cfg.model_name}-{cfg.recipe_hardware}-{stamp}")
+    extra.append(f"run_name={keys.model_name}-{keys.plugin.recipe_hardware}-{stamp}")
   return extra
 
 
-def _run_name_is_derived(cfg: Any) -> bool:
-  """True when MaxText made up the run name (`<model>_<YYYY-mm-dd-HH-MM>`): minute resolution, so two runs
-  started in the same minute would silently share checkpoints. The launcher then picks one to the second."""
-  pattern = rf"{re.escape(str(cfg.model_name))}_\d{{4}}-\d\d-\d\d-\d\d-\d\d"
-  return not cfg.run_name or ("run_name" not in cfg.model_fields_set and re.fullmatch(pattern, cfg.run_name))
+@dataclass(frozen=True)
+class Launch:
+  """A recipe and overrides, read from the YAML layers but not yet resolved by MaxText."""
+
+  path: Path
+  overrides: list[str]  # the user's, then the derived ones
+  keys: Any  # upstream.config.LayerKeys
+
+  def resolve(self) -> Any:
+    """The one MaxText resolution of this launch. It starts the JAX backend first, unless dump_hlo is on:
+    MaxText's validation fills an unset XLA_FLAGS with HLO-dump flags (`validate_and_set_hlo_dump_defaults`,
+    31 MB in /tmp/xla_dump per compile of the tiny model) before it starts the backend itself. Its write
+    to XLA_FLAGS is undone, so child processes do not inherit it either."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+
+    if self.keys.dump_hlo:
+      return upstream_config.resolve(self.path, self.overrides, keys=self.keys)
+    saved = os.environ.get("XLA_FLAGS")
+    jax.devices()
+    try:
+      return upstream_config.resolve(self.path, self.overrides, keys=self.keys)
+    finally:
+      if saved is None:
+        os.environ.pop("XLA_FLAGS", None)
+      else:
+        os.environ["XLA_FLAGS"] = saved
+
+
+def read_launch(recipe: str | None, overrides: list[str]) -> Launch:
+  """Finds the recipe and reads the keys needed before resolving (no JAX backend is started)."""
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+
+  _check_overrides(overrides)
+  path = recipes.recipe_path(recipe or recipes.DEFAULT_RECIPE)
+  keys = upstream_config.layer_keys(path, overrides)
+  return Launch(path, [*overrides, *derived_overrides(keys)], keys)
 
 
 def check_visible_devices(cfg: Any, *, visible: int) -> None:
@@ -57,6 +105,12 @@ def check_platform(cfg: Any, *, platform: str) -> None:
       raise UserError(
         f"offload={cfg.offload} needs pinned host memory, which {platform} devices here lack; set offload=none"
       ) from None
+  if platform == "cpu" and str(cfg.offload) in ("activations", "all"):
+    print(
+      f"maxtext-moe: note: offload={cfg.offload} leaves activations in memory on CPU (JAX lowers host transfers "
+      "inside a step only for GPU and TPU); the optimizer and parameter parts do apply",
+      file=sys.stderr,
+    )
   if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
     raise UserError(
       "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "
@@ -64,46 +118,29 @@ def check_platform(cfg: Any, *, platform: str) -> None:
     )
 
 
-def _check_overrides(overrides: list[str]) -> None:
-  for item in overrides:
-    key, sep, _ = item.partition("=")
-    if not sep or not key:
-      raise UserError(f"expected key=value, got '{item}'")
-
-
-def prepare(recipe: str | None, overrides: list[str]) -> tuple[Path, list[str], Any]:
-  """Resolves and validates the recipe plus overrides; returns (config path, full overrides, config)."""
-  from maxtext_moe import maxtext_adapter
-
-  _check_overrides(overrides)
-  path = recipes.recipe_path(recipe or recipes.DEFAULT_RECIPE)
-  cfg = maxtext_adapter.resolve(path, overrides)
-  full = [*offload.preset_overrides(cfg.offload), *overrides, *derived_overrides(cfg)]
-  if full != overrides:
-    cfg = maxtext_adapter.resolve(path, full)
-  return path, full, cfg
-
-
-def train(recipe: str | None, overrides: list[str], *, verbose: bool = False) -> dict[str, Any]:
-  """Runs one training job and returns its summary. Raises UserError for bad input."""
+def train(
+  recipe: str | None, overrides: list[str], *, verbose: bool = False, out: IO[str] = sys.stdout
+) -> dict[str, Any]:
+  """Runs one training job and returns its summary; progress and summary go to `out`. Raises UserError for
+  bad input."""
   import jax
   from absl import logging as absl_logging
 
-  from maxtext_moe import maxtext_adapter
+  from maxtext_moe.launch import environment
   from maxtext_moe.launch.recorder import RunRecorder
+  from maxtext_moe.upstream.trainer import run_trainer
 
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
-  path, full, cfg = prepare(recipe, overrides)
-  run_flags = flags.for_config(cfg)
+  launch = read_launch(recipe, overrides)
+  run_flags = flags.for_config(launch.keys.plugin)
   flags.probe(run_flags.xla_flags)
-  argv = ["train", *([recipe] if recipe else []), *overrides, *(["--verbose"] if verbose else [])]
-  flags.ensure_applied(run_flags, argv)  # re-executes when XLA_FLAGS/env must change (read at backend start)
+  applied = environment.apply(run_flags)
+  cfg = launch.resolve()
   check_visible_devices(cfg, visible=jax.device_count())
   check_platform(cfg, platform=jax.default_backend())
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
   run_dir.mkdir(parents=True, exist_ok=True)
-  applied = {k: os.environ.get(k) for k in run_flags.full_env()}  # what this process really runs with
   (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
   recorder = RunRecorder(
     run_dir=run_dir,
@@ -112,14 +149,16 @@ def train(recipe: str | None, overrides: list[str], *, verbose: bool = False) ->
     metrics_name=cfg.metrics_jsonl,
     plot_name=cfg.loss_plot,
     progress=str(cfg.progress),
+    stream=out,
   )
   print(
-    f"maxtext-moe: training {cfg.model_name} from {path.name} on {jax.device_count()} {jax.default_backend()} "
-    f"device(s); run directory {run_dir}",
+    f"maxtext-moe: training {cfg.model_name} from {launch.path.name} on {jax.device_count()} "
+    f"{jax.default_backend()} device(s); run directory {run_dir}",
+    file=out,
     flush=True,
   )
   try:
-    maxtext_adapter.run_trainer(path, full, on_start=recorder.start)
+    run_trainer(cfg, recorder)
   except RuntimeError as e:
     if "checkpoint already exists" in str(e):
       raise UserError(

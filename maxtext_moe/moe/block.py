@@ -7,60 +7,39 @@ Routing (scores, top-k, bias) stays with the caller, so MaxText's DeepSeek-V3 ro
 Shape legend: T tokens, K top-k, D model dim, F expert hidden dim, E experts, R rows.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
-
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from maxtext_moe.moe.dispatch import AllToAllDispatcher, LocalDispatcher, RaggedAllToAllDispatcher
-from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul
-
-
-class DispatchKind(StrEnum):
-  AUTO = "auto"  # local without expert parallelism; with it, ragged_all_to_all on GPU/TPU, all_to_all on CPU
-  LOCAL = "local"
-  ALL_TO_ALL = "all_to_all"
-  RAGGED_ALL_TO_ALL = "ragged_all_to_all"
-
+from maxtext_moe.moe import settings as rules
+from maxtext_moe.moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, RaggedAllToAllDispatcher
+from maxtext_moe.moe.gemm import grouped_matmul
+from maxtext_moe.moe.settings import DispatchKind, MoESettings
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
+_WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 
-@dataclass(frozen=True)
-class MoESettings:
-  """How the routed experts run. Chosen by config keys (maxtext_moe.config.keys)."""
-
-  dispatch: DispatchKind = DispatchKind.AUTO
-  gemm: GemmBackend = GemmBackend.AUTO
-  capacity_factor: float = 0.0
-  activation: str = "silu"
-  # The ragged dispatcher's collective; None: jax.lax.ragged_all_to_all. Tests on XLA:CPU pass
-  # collectives.ragged_all_to_all_reference.
-  ragged_exchange: Callable | None = None
-  window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
+def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
+  """The one grouped-GEMM call site, tagged with MaxText's remat name for the output."""
+  out = grouped_matmul(rows_RD, w_EDF, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes)
+  return checkpoint_name(out, name)
 
 
 def expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, *, settings: MoESettings) -> jax.Array:
-  """Gated MLP per expert: act(x @ w0) * (x @ w1) @ wo, through the one grouped-GEMM call site."""
-
-  def gmm(x, w, name):
-    # MaxText's remat names, so remat_policy=custom (and the offload presets) can save or offload them.
-    return checkpoint_name(
-      grouped_matmul(x, w, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes), name
-    )
-
-  hidden_RF = _ACTIVATIONS[settings.activation](gmm(rows_RD, w0_EDF, "moe_mlpwi_0")) * gmm(
-    rows_RD, w1_EDF, "moe_mlpwi_1"
+  """Gated MLP per expert: act(x @ w0) * (x @ w1) @ wo."""
+  act = _ACTIVATIONS[settings.activation]
+  hidden_RF = act(_gmm(rows_RD, w0_EDF, group_sizes_E, _WI_0, settings)) * _gmm(
+    rows_RD, w1_EDF, group_sizes_E, _WI_1, settings
   )
-  return gmm(hidden_RF.astype(rows_RD.dtype), wo_EFD, "moe_mlpwo")
+  return _gmm(hidden_RF.astype(rows_RD.dtype), wo_EFD, group_sizes_E, _WO, settings)
 
 
-def routed_experts(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatcher, settings: MoESettings):
+def routed_experts(
+  x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatcher: Dispatcher, settings: MoESettings
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """route (given) -> dispatch -> experts -> combine. Returns (y_TD, per-device stats)."""
   rows_RD, group_sizes_E, meta = dispatcher.dispatch(x_TD, ids_TK, weights_TK)
   out_RD = expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, settings=settings)
@@ -68,34 +47,18 @@ def routed_experts(x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatch
   return y_TD, dispatcher.stats(ids_TK)
 
 
-def _make_dispatcher(settings: MoESettings, *, num_experts: int, ep: int, expert_axis: str | None):
-  kind = resolve_dispatch(settings.dispatch, ep=ep, capacity_factor=settings.capacity_factor)
+def make_dispatcher(settings: MoESettings, *, num_experts: int, ep: int, expert_axis: str | None) -> Dispatcher:
+  """The dispatcher `settings` asks for on this platform (`settings.resolve_dispatch` decides `auto`)."""
+  kind = rules.resolve_dispatch(
+    settings.dispatch, ep=ep, platform=jax.default_backend(), capacity_factor=settings.capacity_factor
+  )
+  rules.check_dispatch(kind, ep=ep, capacity_factor=settings.capacity_factor)
   if kind == DispatchKind.LOCAL:
-    if ep != 1:
-      raise ValueError(f"moe_dispatch=local needs expert parallelism 1, got {ep}; use all_to_all")
     return LocalDispatcher(num_experts)
   if kind == DispatchKind.RAGGED_ALL_TO_ALL:
-    if settings.capacity_factor > 0:
-      raise ValueError("moe_dispatch=ragged_all_to_all is always dropless; set moe_capacity_factor=0")
     exchange = settings.ragged_exchange or jax.lax.ragged_all_to_all
     return RaggedAllToAllDispatcher(num_experts, ep, expert_axis, exchange)
   return AllToAllDispatcher(num_experts, ep, expert_axis, settings.capacity_factor)
-
-
-def resolve_dispatch(
-  kind: DispatchKind | str, *, ep: int, capacity_factor: float = 0.0, platform: str | None = None
-) -> DispatchKind:
-  """Turns `auto` into a concrete dispatcher: local without EP; with EP, ragged_all_to_all where XLA has
-  it (GPU/TPU) unless a capacity is set, else the portable all_to_all."""
-  kind = DispatchKind(kind)
-  if kind != DispatchKind.AUTO:
-    return kind
-  if ep == 1:
-    return DispatchKind.LOCAL
-  platform = platform or jax.default_backend()
-  if platform == "cpu" or capacity_factor > 0:
-    return DispatchKind.ALL_TO_ALL
-  return DispatchKind.RAGGED_ALL_TO_ALL
 
 
 def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
@@ -105,8 +68,9 @@ def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
 
 def moe_block(
   x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, expert_axis: str | None, settings: MoESettings
-):
-  """Runs `routed_experts` on every device of `mesh`. Returns (y_TD, stats) with stats summed over devices.
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Runs `routed_experts` on every device of `mesh`. Returns (y_TD, stats) with stats summed over devices:
+  the dispatcher's (see `Dispatcher.stats`) and `load`, the [E] assignments per expert.
 
   Tokens are split over all mesh axes of size > 1 (T must divide evenly); expert weights are split over
   `expert_axis` (size EP) and replicated over the rest.
@@ -119,7 +83,7 @@ def moe_block(
     n_shards *= mesh.shape[a]
   if x_TD.shape[0] % n_shards:
     raise ValueError(f"MoE block: {x_TD.shape[0]} tokens do not split evenly over {n_shards} devices")
-  dispatcher = _make_dispatcher(settings, num_experts=num_experts, ep=ep, expert_axis=expert_axis)
+  dispatcher = make_dispatcher(settings, num_experts=num_experts, ep=ep, expert_axis=expert_axis)
   tok = P(token_axes or None)
   wspec = P(expert_axis if ep > 1 else None)
 

@@ -1,6 +1,10 @@
-"""`ragged_all_to_all_reference`: the semantics of `jax.lax.ragged_all_to_all`, built from `all_gather`.
+"""The collectives the expert-parallel dispatchers are given, and the offset math of the ragged one.
 
-Why hand-written: XLA:CPU does not implement the ragged-all-to-all HLO (DESIGN.md; "UNIMPLEMENTED: HLO
+- `all_to_all`: rank p's block q of rows goes to rank q's block p (`jax.lax.all_to_all`, tiled).
+- `ragged_offsets`: where each rank's slices start and land, from the [P, P] matrix of row counts.
+- `ragged_all_to_all_reference`: the semantics of `jax.lax.ragged_all_to_all`, built from `all_gather`.
+
+Why the reference is hand-written: XLA:CPU does not implement the ragged-all-to-all HLO (DESIGN.md; "UNIMPLEMENTED: HLO
 opcode `ragged-all-to-all` is not supported by XLA:CPU"), so the ragged dispatcher's offset math could
 not otherwise run on CPU fake devices. This stand-in follows the documented contract of the real op
 (same arguments, same result) and lets tests drive `RaggedAllToAllDispatcher` with real expert
@@ -12,6 +16,30 @@ Shape legend: N operand rows, M output rows, P ranks (the mapped axis), G = P * 
 
 import jax
 import jax.numpy as jnp
+
+
+def all_to_all(x_ND: jax.Array, *, axis_name: str) -> jax.Array:
+  """Splits rows into P equal blocks and sends block q to rank q; returns the blocks received, in rank
+  order. Call inside shard_map over `axis_name`."""
+  return jax.lax.all_to_all(x_ND, axis_name, 0, 0, tiled=True)
+
+
+def ragged_offsets(sizes_PP: jax.Array, me: jax.Array, *, back: bool) -> tuple[jax.Array, ...]:
+  """(input_offsets, send_sizes, output_offsets, recv_sizes) of rank `me` for `jax.lax.ragged_all_to_all`,
+  where sizes_PP[q, p] rows go from rank q to rank p, packed by destination on the sender and by source on
+  the receiver. back=True: the same slices retrace their path.
+
+  Example: sizes_PP = [[1, 2], [3, 4]], me = 1, back=False
+    -> input_offsets [0, 3], send_sizes [3, 4], output_offsets [1, 2], recv_sizes [2, 4]
+    (rank 1's 3 rows for rank 0 land after rank 0's own 1 row there).
+  """
+  send_off_PP = jnp.cumsum(sizes_PP, axis=1) - sizes_PP  # [q, p]: where q's slice for p starts on q
+  recv_off_PP = jnp.cumsum(sizes_PP, axis=0) - sizes_PP  # [q, p]: where q's slice lands on p
+  if not back:
+    args = (send_off_PP[me], sizes_PP[me], recv_off_PP[me], sizes_PP[:, me])
+  else:
+    args = (recv_off_PP[:, me], sizes_PP[:, me], send_off_PP[:, me], sizes_PP[me])
+  return tuple(a.astype(jnp.int32) for a in args)
 
 
 def ragged_all_to_all_reference(

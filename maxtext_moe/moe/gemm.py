@@ -16,34 +16,18 @@ Backends:
   History: fixed tiles of (128, 16) rows reached ~0.45 of dense (fwd) on 2 CPU cores, because at ~128
   rows per expert most rows fell into 16-row tiles that re-read the weight each time.
 - `tokamax`: `tokamax.ragged_dot`, which picks a Pallas/Mosaic kernel on GPU/TPU where one applies.
-- `auto`: `tiled` on CPU, `ragged_dot` elsewhere until GPU measurements pick otherwise.
+- `auto`: `settings.resolve_backend` decides.
 Shape legend: R rows, D in dim, F out dim, E experts, M window rows, L window sizes.
 """
 
 import functools
-from enum import StrEnum
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from maxtext_moe.moe.permute import WindowPlan, window_plan, window_sizes
-
-
-class GemmBackend(StrEnum):
-  AUTO = "auto"
-  RAGGED_DOT = "ragged_dot"
-  TILED = "tiled"
-  TOKAMAX = "tokamax"
-
-
-def resolve_backend(backend: GemmBackend | str, *, platform: str | None = None) -> GemmBackend:
-  """Turns `auto` into a concrete backend for `platform` (default: JAX's default backend)."""
-  backend = GemmBackend(backend)
-  if backend != GemmBackend.AUTO:
-    return backend
-  platform = platform or jax.default_backend()
-  return GemmBackend.TILED if platform == "cpu" else GemmBackend.RAGGED_DOT
+from maxtext_moe.moe.settings import GemmBackend, resolve_backend
 
 
 def _window(rows: jax.Array, plan: WindowPlan, e: jax.Array, m: int, group_sizes_E: jax.Array):
@@ -133,7 +117,7 @@ def grouped_matmul(
   Returns:
     [R, F] in rows_RD's dtype.
   """
-  backend = resolve_backend(backend)
+  backend = resolve_backend(backend, platform=jax.default_backend())
   group_sizes_E = group_sizes_E.astype(jnp.int32)
   if backend == GemmBackend.RAGGED_DOT:
     return lax.ragged_dot(rows_RD, w_EDF, group_sizes_E)

@@ -1,7 +1,8 @@
 """Index math for routing rows to experts: sort, group sizes, inverse permutation, per-rank dedup.
 
-Pure functions over integer arrays; every one has a worked example that tests/test_moe_permute.py checks.
-Shape legend: T tokens, K top-k, R = T*K routed rows, E experts, P ranks, L window sizes.
+Pure functions; every one has a worked example that tests/test_moe_permute.py checks.
+Shape legend: T tokens, K top-k, R = T*K routed rows, E experts, P ranks, L window sizes, N send rows,
+S received rows, D model dim.
 """
 
 from typing import NamedTuple
@@ -44,6 +45,73 @@ def distinct_ranks(ids_TK: jax.Array, *, experts_per_rank: int, num_ranks: int) 
   """
   rank_TK = ids_TK // experts_per_rank
   return (rank_TK[:, :, None] == jnp.arange(num_ranks)[None, None, :]).any(axis=1)
+
+
+def empty_rows(num_rows: int, x_ND: jax.Array, ids_NK: jax.Array, w_NK: jax.Array, *, experts_per_rank: int):
+  """Row buffers shaped like (x, ids, weights) with `num_rows` rows and nothing in them: zero features, the
+  local expert id `experts_per_rank` ("on no expert here": sorted last, in no group) and zero weights."""
+  return (
+    jnp.zeros((num_rows, *x_ND.shape[1:]), x_ND.dtype),
+    jnp.full((num_rows, ids_NK.shape[1]), experts_per_rank, jnp.int32),
+    jnp.zeros((num_rows, w_NK.shape[1]), w_NK.dtype),
+  )
+
+
+def pack_for_ranks(x_TD, ids_TK, weights_TK, dest_TP, *, num_rows: int, experts_per_rank: int):
+  """The send side of expert parallelism, written once for every EP dispatcher: row dest_TP[t, p] of each
+  `num_rows`-row buffer holds token t for rank p, with its top-k ids as rank p's local expert ids and its
+  weights, both only where the expert lives on p (elsewhere `experts_per_rank` and 0). Entries of dest_TP
+  >= num_rows are not sent. Returns (send_x_ND, send_ids_NK, send_w_NK).
+
+  Example: x = [[1.], [2.]], ids_TK = [[0, 3], [2, 3]], weights_TK = [[.5, .5], [.3, .7]],
+    experts_per_rank=2 (P=2), dest_TP = [[0, 2], [4, 1]] (token 1 needs no row for rank 0: 4 is out of
+    bounds), num_rows=3
+    -> send_x = [[1.], [2.], [1.]], send_ids = [[0, 2], [0, 1], [2, 1]], send_w = [[.5, 0], [.3, .7], [0, .5]].
+  """
+  t, k = ids_TK.shape
+  num_ranks = dest_TP.shape[1]
+  rank_TK, local_TK = ids_TK // experts_per_rank, ids_TK % experts_per_rank
+  on_rank_TPK = rank_TK[:, None, :] == jnp.arange(num_ranks)[None, :, None]
+  x_TPD = jnp.broadcast_to(x_TD[:, None], (t, num_ranks, x_TD.shape[1]))
+  ids_TPK = jnp.where(on_rank_TPK, local_TK[:, None, :], experts_per_rank).astype(jnp.int32)
+  w_TPK = jnp.where(on_rank_TPK, weights_TK[:, None, :], 0).astype(weights_TK.dtype)
+  empty = empty_rows(num_rows, x_TD, ids_TK, weights_TK, experts_per_rank=experts_per_rank)
+  return tuple(buf.at[dest_TP].set(v, mode="drop") for buf, v in zip(empty, (x_TPD, ids_TPK, w_TPK), strict=True))
+
+
+def sort_received(x_SD: jax.Array, ids_SK: jax.Array, *, experts_per_rank: int):
+  """Expands received rows to (row, local expert) pairs sorted by expert, for the grouped GEMM. Local id
+  `experts_per_rank` means "not here" and sorts last, outside every group. Returns (rows_RD with R = S * K,
+  group_sizes_E of the local experts, order_R for `weighted_rows`).
+
+  Example: x_SD = [[1.], [2.]], ids_SK = [[1, 2], [0, 1]], experts_per_rank=2
+    -> rows = [[2.], [1.], [2.], [1.]], group_sizes = [1, 2], order = [2, 0, 3, 1].
+  """
+  order_R, sizes = sort_by_expert(ids_SK, num_experts=experts_per_rank + 1)
+  return x_SD[order_R // ids_SK.shape[1]], sizes[:experts_per_rank], order_R
+
+
+def weighted_rows(rows_RD: jax.Array, order_R: jax.Array, weights_SK: jax.Array) -> jax.Array:
+  """Inverse of `sort_received`'s expansion: each received row's routing-weighted sum over its K pairs,
+  [S, D]. Pairs of experts not on this rank have weight 0.
+
+  Example: rows = [[20.], [10.], [21.], [11.]], order = [2, 0, 3, 1], weights_SK = [[1., 0.], [.5, .5]]
+    -> [[10.], [20.5]].
+  """
+  s, k = weights_SK.shape
+  out_SKD = rows_RD[inverse_permutation(order_R)].reshape(s, k, -1)
+  return jnp.einsum("sk,skd->sd", weights_SK.astype(out_SKD.dtype), out_SKD)
+
+
+def gather_returned(back_ND: jax.Array, dest_TP: jax.Array, sent_TP: jax.Array) -> jax.Array:
+  """The receive side of the way back: token t's output is the sum over ranks p it was sent to of the row
+  that returned to dest_TP[t, p], [T, D].
+
+  Example: back = [[1.], [2.], [4.]], dest_TP = [[0, 2], [3, 1]], sent_TP = [[True, True], [False, True]]
+    -> [[5.], [2.]].
+  """
+  got_TPD = back_ND.at[dest_TP].get(mode="fill", fill_value=0)
+  return jnp.sum(jnp.where(sent_TP[..., None], got_TPD, 0), axis=1)
 
 
 def expected_distinct_ranks(*, num_experts: int, top_k: int, num_ranks: int) -> float:

@@ -17,7 +17,9 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import IO, Any
+
+from maxtext_moe.bench.report import emit
 
 CASES: dict[str, tuple[str, list[str]]] = {
   "tiny fsdp=8": ("cpu/deepseek3-tiny", []),
@@ -38,7 +40,7 @@ def xla_memory(recipe: str, overrides: list[str], *, devices: int = DEVICES) -> 
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
   env["JAX_PLATFORMS"] = "cpu"
-  cmd = [sys.executable, "-m", "maxtext_moe.bench.plan", "--worker", recipe, *overrides]
+  cmd = [sys.executable, "-m", "maxtext_moe.bench.plan_accuracy", "--worker", recipe, *overrides]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
   if proc.returncode != 0 or not lines:
@@ -54,13 +56,13 @@ def device_bytes(mem: dict[str, int], prefix: str = "") -> int:
 
 def compare(name: str, *, devices: int = DEVICES) -> dict[str, Any]:
   """One case: the planner's estimate, XLA's figure and the relative error, device and host."""
-  from maxtext_moe import planner
+  from maxtext_moe.planner.memory_plan import memory_plan
 
   recipe, overrides = CASES[name]
   t0 = time.perf_counter()
   mem = xla_memory(recipe, overrides, devices=devices)
   compile_s = time.perf_counter() - t0
-  est = planner.plan(recipe, overrides, gpus=devices).base
+  est = memory_plan(recipe, overrides, gpus=devices).base
   xla_dev, xla_host = device_bytes(mem), device_bytes(mem, "host_")
   return {
     "estimate_bytes": est.device_total,
@@ -72,9 +74,8 @@ def compare(name: str, *, devices: int = DEVICES) -> dict[str, Any]:
   }
 
 
-def run(*, as_json: bool = False, quick: bool = False) -> dict[str, Any]:
+def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str, Any]:
   """Runs the cases, prints a table, and with as_json prints one JSON object as the last line."""
-  from rich.console import Console
   from rich.table import Table
 
   names = QUICK if quick else tuple(CASES)
@@ -93,18 +94,17 @@ def run(*, as_json: bool = False, quick: bool = False) -> dict[str, Any]:
       f"{c['estimate_host_bytes'] / gib:.3f} / {c['xla_host_bytes'] / gib:.3f}",
     )
   table.add_row("max_rel_error", "", "", f"{result['max_rel_error']:.1%}", "")
-  Console().print(table)
-  if as_json:
-    print(json.dumps(result))
+  emit(table, result, as_json=as_json, out=out)
   return result
 
 
 def _worker(argv: list[str]) -> None:
-  from maxtext_moe import maxtext_adapter
   from maxtext_moe.config.recipes import recipe_path
+  from maxtext_moe.upstream.compile import compiled_train_memory
+  from maxtext_moe.upstream.config import resolved
 
   recipe, overrides = argv[0], argv[1:]
-  print(json.dumps(maxtext_adapter.compiled_train_memory(str(recipe_path(recipe)), overrides)))
+  print(json.dumps(compiled_train_memory(resolved(recipe_path(recipe), overrides))))
 
 
 if __name__ == "__main__":

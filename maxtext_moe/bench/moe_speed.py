@@ -14,14 +14,16 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any
+from typing import IO, Any
 
 import jax
 import jax.numpy as jnp
 
+from maxtext_moe.bench.report import emit
 from maxtext_moe.bench.timing import time_call
 from maxtext_moe.moe import permute
-from maxtext_moe.moe.gemm import GemmBackend, grouped_matmul
+from maxtext_moe.moe.gemm import grouped_matmul
+from maxtext_moe.moe.settings import GemmBackend
 
 GEMM = {"rows": 8192, "dim": 256, "hidden": 512, "experts": 64}
 DEDUP = {"ep": 8, "tokens": 16384, "experts": 64, "top_k": 8}
@@ -88,8 +90,9 @@ def gemm_efficiency(
 def layer_times(*, reps: int = 3) -> tuple[dict[str, float], dict[str, float]]:
   """Seconds per forward+backward of MaxText's RoutedMoE: stock sparse, stock dense, ours (same params),
   and each variant's max |output - dense output| as a check that they compute the same layer."""
-  from maxtext_moe import maxtext_adapter
   from maxtext_moe.config.recipes import DEFAULT_RECIPE, recipe_path
+  from maxtext_moe.upstream.config import resolved
+  from maxtext_moe.upstream.model import routed_moe_layer
 
   variants = {
     "maxtext_sparse": ["moe_impl=maxtext", "sparse_matmul=true"],
@@ -98,9 +101,8 @@ def layer_times(*, reps: int = 3) -> tuple[dict[str, float], dict[str, float]]:
   }
   times, outputs = {}, {}
   for name, extra in variants.items():
-    fwd, fwd_bwd, params, x, ctx = maxtext_adapter.routed_moe_loss_and_grad(
-      recipe_path(DEFAULT_RECIPE), [*LAYER_OVERRIDES, *extra]
-    )
+    cfg = resolved(recipe_path(DEFAULT_RECIPE), [*LAYER_OVERRIDES, *extra])
+    fwd, fwd_bwd, params, x, ctx = routed_moe_layer(cfg)
     with ctx():
       outputs[name] = fwd(params, x)
       times[name] = time_call(fwd_bwd, params, x, reps=1 if name == "maxtext_sparse" else reps)
@@ -112,7 +114,7 @@ def dedup_measurement() -> dict[str, float]:
   """Runs the all_to_all dispatcher at EP=8 on 8 fake CPU devices (in a subprocess, so this process keeps
   its single device for timing) and returns measured and analytic wire-row ratios."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  code = "import json; from maxtext_moe.bench.moe import _dedup_in_process as f; print(json.dumps(f()))"
+  code = "import json; from maxtext_moe.bench.moe_speed import _dedup_in_process as f; print(json.dumps(f()))"
   r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
   return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -121,7 +123,8 @@ def _dedup_in_process() -> dict[str, float]:
   import numpy as np
   from jax.sharding import Mesh
 
-  from maxtext_moe.moe.block import DispatchKind, MoESettings, moe_block
+  from maxtext_moe.moe.block import moe_block
+  from maxtext_moe.moe.settings import DispatchKind, MoESettings
 
   ep, t, e, k = DEDUP["ep"], DEDUP["tokens"], DEDUP["experts"], DEDUP["top_k"]
   d, f = 512, 8  # wide tokens: a random gate's top-k is then close to a uniform random k-subset
@@ -144,12 +147,11 @@ def _dedup_in_process() -> dict[str, float]:
   }
 
 
-def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str, Any]:
+def run(*, out: IO[str], as_json: bool = False, backends: list[str] | None = None) -> dict[str, Any]:
   """Runs everything, prints a table, and with as_json prints one JSON object as the last line."""
-  from rich.console import Console
   from rich.table import Table
 
-  from maxtext_moe.launch import flags
+  from maxtext_moe.config import flags
 
   chosen = [GemmBackend(b) for b in (backends or ["tiled", "ragged_dot", "tokamax"])]
   eff = gemm_efficiency(chosen)
@@ -182,7 +184,5 @@ def run(*, as_json: bool = False, backends: list[str] | None = None) -> dict[str
   table.add_row("dedup wire rows ratio at EP=8 (analytic)", f"{dedup['expected']:.4f}")
   env = " ".join(f"{k}={v}" for k, v in result["runtime_env"].items() if v is not None) or "glibc defaults"
   table.caption = f"host allocator: {env}"
-  Console(file=sys.stdout, width=100).print(table)
-  if as_json:
-    print(json.dumps(result))
+  emit(table, result, as_json=as_json, out=out, width=100)
   return result

@@ -6,8 +6,8 @@ XLA aborts the process on an unknown flag and reads XLA_FLAGS once, when the bac
 - `probe` runs a child Python with the flags and starts the CPU backend (XLA registers its GPU flags
   on every platform, so a CPU machine validates them too); a failure is pinned to one flag by probing
   each alone, and reported with the jaxlib version. Good results are cached per jaxlib version.
-- the launcher sets the environment and re-executes itself when the current process did not start
-  with it (`ensure_applied`).
+- the launcher applies the environment to its own process before the XLA backend starts
+  (`launch.environment.apply`).
 """
 
 import hashlib
@@ -24,8 +24,6 @@ import yaml
 
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.errors import UserError
-
-APPLIED_MARK = "MAXTEXT_MOE_FLAGS_APPLIED"
 
 
 @dataclass
@@ -68,7 +66,8 @@ def profile(name: str) -> FlagSet:
 
 def for_config(cfg: Any) -> FlagSet:
   """The profile chosen by `flag_profile` (auto: the recipe's hardware), then XLA flags already in this
-  process's XLA_FLAGS (the user's), then `xla_flags_extra` / `env_extra`; a later flag of the same name wins."""
+  process's XLA_FLAGS (the user's), then `xla_flags_extra` / `env_extra`; a later flag of the same name wins.
+  `cfg` is anything with those four keys: a resolved config, or the launch keys read before resolving."""
   name = str(cfg.flag_profile)
   flags = FlagSet() if name == "disabled" else profile(str(cfg.recipe_hardware) if name == "auto" else name)
   if flags.xla_flags:  # keep what the user already set (e.g. --xla_force_host_platform_device_count)
@@ -129,17 +128,3 @@ def probe(flags: list[str]) -> None:
     cache.write_text(json.dumps(known))
   except OSError:
     pass  # a read-only home only costs the probe next time
-
-
-def ensure_applied(flags: FlagSet, argv: list[str]) -> None:
-  """Re-executes this process with the flags' environment unless it already runs with it. XLA reads
-  XLA_FLAGS once at backend start, which config resolution has already done by now."""
-  wanted = flags.full_env()
-  if all(os.environ.get(k) == v for k, v in wanted.items()):
-    return
-  if os.environ.get(APPLIED_MARK):
-    raise UserError("flag environment did not take effect after re-executing; is something rewriting it?")
-  env = dict(os.environ, **wanted, **{APPLIED_MARK: "1"})
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.execve(sys.executable, [sys.executable, "-m", "maxtext_moe", *argv], env)

@@ -30,10 +30,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import ml_dtypes
 import numpy as np
+
+from maxtext_moe.bench.report import emit
 
 MODEL = "cpu/deepseek3-tiny"
 BENCH = [
@@ -174,6 +176,7 @@ def _write_only(src: str, out: Path, plans) -> float:
   from maxtext_moe.checkpoint import convert
   from maxtext_moe.checkpoint.orbax_io import save_tree
   from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
+  from maxtext_moe.checkpoint.staging import staged_output
 
   made: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
 
@@ -185,7 +188,7 @@ def _write_only(src: str, out: Path, plans) -> float:
   dtypes = convert.leaf_dtypes(plans, HFCheckpoint(src), np.dtype(ml_dtypes.bfloat16))
   tree = convert.streamed_tree(plans, dtypes, lambda plan, dtype: functools.partial(ready_made, plan, dtype))
   start = time.perf_counter()
-  with convert.staged_output(out, force=False) as tmp:
+  with staged_output(out, force=False) as tmp:
     save_tree(tmp, tree)
   seconds = time.perf_counter() - start
   shutil.rmtree(out)
@@ -218,10 +221,35 @@ def _copy_rate(src: Path, dst: Path) -> float:
   return total / (time.perf_counter() - start)
 
 
-def run(*, as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
-  from rich.console import Console
+def _table(result: dict[str, Any]) -> Any:
   from rich.table import Table
 
+  cpu = result["conversion_cpu_seconds"]
+  table = Table(title="HF FP8 -> MaxText conversion (synthetic DeepSeek-V3-shaped checkpoint, page-cached)")
+  table.add_column("row")
+  table.add_column("value", justify="right")
+  rows = [
+    ("source (FP8 + bf16 safetensors) GB", f"{result['source_gb']:.2f}"),
+    ("output (bf16 Orbax) GB", f"{result['output_gb']:.2f}"),
+    ("conversion seconds", f"{result['seconds']:.1f}"),
+    ("conversion GB/s written", f"{result['gb_per_s']:.3f}"),
+    ("plain file copy GB/s (same files, same run)", f"{result['copy_gb_per_s']:.3f}"),
+    ("conversion / copy rate", f"{result['gb_per_s'] / result['copy_gb_per_s']:.2f}"),
+    ("making the chunks only (no writes) GB/s", f"{result['produce_only_gb_per_s']:.3f}"),
+    ("writing ready-made chunks only (the writer alone) GB/s", f"{result['write_only_gb_per_s']:.3f}"),
+    ("conversion / writer-alone rate", f"{result['gb_per_s'] / result['write_only_gb_per_s']:.2f}"),
+    *((f"conversion CPU seconds: {who}", f"{secs:.1f} ({secs / sum(cpu.values()):.0%})") for who, secs in cpu.items()),
+    ("RSS before conversion GB (Python, JAX, MaxText)", f"{result['rss_before_gb']:.2f}"),
+    ("peak RSS GB", f"{result['peak_rss_gb']:.2f}"),
+    ("largest tensor group GB (the embedding, bf16)", f"{result['largest_tensor_group_gb']:.3f}"),
+    ("(peak - before) / largest tensor group", f"{result['peak_rss_over_largest_tensor_group']:.2f}"),
+  ]
+  for row in rows:
+    table.add_row(*row)
+  return table
+
+
+def run(*, out: IO[str], as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
   from maxtext_moe.checkpoint import convert
 
   cfg, plans = convert.model_tree(MODEL, BENCH)
@@ -231,7 +259,7 @@ def run(*, as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
     src_bytes = write_synthetic(root / "hf", plans, cfg)
     copy_bps = _copy_rate(root / "hf", root / "copy")
     shutil.rmtree(root / "copy")
-    code = "import sys; from maxtext_moe.bench.convert import child; child(sys.argv[1], sys.argv[2])"
+    code = "import sys; from maxtext_moe.bench.convert_speed import child; child(sys.argv[1], sys.argv[2])"
     proc = subprocess.run(
       [sys.executable, "-c", code, str(root / "hf"), str(root / "out")], capture_output=True, text=True, check=False
     )
@@ -255,31 +283,5 @@ def run(*, as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
     "largest_tensor_group_gb": largest / 1e9,
     "peak_rss_over_largest_tensor_group": (m["rss_peak"] - m["rss_before"]) / largest,
   }
-  table = Table(title="HF FP8 -> MaxText conversion (synthetic DeepSeek-V3-shaped checkpoint, page-cached)")
-  table.add_column("row")
-  table.add_column("value", justify="right")
-  rows = [
-    ("source (FP8 + bf16 safetensors) GB", f"{result['source_gb']:.2f}"),
-    ("output (bf16 Orbax) GB", f"{result['output_gb']:.2f}"),
-    ("conversion seconds", f"{result['seconds']:.1f}"),
-    ("conversion GB/s written", f"{result['gb_per_s']:.3f}"),
-    ("plain file copy GB/s (same files, same run)", f"{result['copy_gb_per_s']:.3f}"),
-    ("conversion / copy rate", f"{result['gb_per_s'] / result['copy_gb_per_s']:.2f}"),
-    ("making the chunks only (no writes) GB/s", f"{result['produce_only_gb_per_s']:.3f}"),
-    ("writing ready-made chunks only (the writer alone) GB/s", f"{result['write_only_gb_per_s']:.3f}"),
-    ("conversion / writer-alone rate", f"{result['gb_per_s'] / result['write_only_gb_per_s']:.2f}"),
-    *(
-      (f"conversion CPU seconds: {who}", f"{secs:.1f} ({secs / sum(m['cpu_seconds'].values()):.0%})")
-      for who, secs in m["cpu_seconds"].items()
-    ),
-    ("RSS before conversion GB (Python, JAX, MaxText)", f"{result['rss_before_gb']:.2f}"),
-    ("peak RSS GB", f"{result['peak_rss_gb']:.2f}"),
-    ("largest tensor group GB (the embedding, bf16)", f"{result['largest_tensor_group_gb']:.3f}"),
-    ("(peak - before) / largest tensor group", f"{result['peak_rss_over_largest_tensor_group']:.2f}"),
-  ]
-  for row in rows:
-    table.add_row(*row)
-  Console(file=sys.stdout, width=110).print(table)
-  if as_json:
-    print(json.dumps(result))
+  emit(_table(result), result, as_json=as_json, out=out, width=110)
   return result

@@ -1,0 +1,95 @@
+"""Output that is complete or absent: a staged directory renamed into place, and a bytes progress bar.
+
+Both converters write through `staged_output`, so a failure (bad input found late, a full disk, Ctrl-C)
+leaves neither a partial OUT nor a staging directory behind, and an existing OUT is only replaced once
+the new one is complete and on disk.
+"""
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from maxtext_moe.errors import UserError
+
+
+@contextmanager
+def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
+  """Yields a temporary sibling of `out` to write into; on success flushes it to disk and renames it to
+  `out`, on failure removes it. An existing `out` is an error unless `force`, and is only removed after
+  success. So `out` is either absent or complete and on disk, even across a power loss."""
+  out = Path(out).absolute()
+  if out.exists() and not force:
+    raise UserError(f"output directory {out} already exists; pass --force to replace it")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    yield tmp
+    _fsync_tree(tmp)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if out.exists():
+    shutil.rmtree(out)
+  tmp.rename(out)
+  _fsync(out.parent)
+
+
+def _fsync(path: Path) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+  """fsync every file and directory under root: the writers do not sync each write themselves."""
+  for dirpath, _, filenames in os.walk(root):
+    for name in filenames:
+      _fsync(Path(dirpath) / name)
+    _fsync(Path(dirpath))
+
+
+class ByteProgress:
+  """A rich progress bar in bytes with throughput (or nothing when not on a terminal)."""
+
+  def __init__(self, description: str, total: int, enabled: bool):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    self.bar = (
+      Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+      )
+      if enabled
+      else None
+    )
+    self.task = self.bar.add_task(description, total=total) if self.bar else None
+    self.done = 0
+
+  def __enter__(self):
+    if self.bar:
+      self.bar.start()
+    return self
+
+  def __exit__(self, *exc):
+    if self.bar:
+      self.bar.stop()
+
+  def advance(self, nbytes: int) -> None:
+    self.done += nbytes
+    if self.bar:
+      self.bar.advance(self.task, nbytes)
+
+
+def interactive() -> bool:
+  """Whether progress bars are worth drawing (stderr is a terminal)."""
+  return sys.stderr.isatty()

@@ -1,0 +1,63 @@
+"""The `maxtext-moe` command line.
+
+  maxtext-moe train [RECIPE] [key=value ...]    run MaxText's trainer on a recipe (default: tiny CPU model)
+  maxtext-moe config RECIPE [key=value ...]     the resolved config (YAML) and what our layers changed
+  maxtext-moe recipes                           the shipped recipes
+  maxtext-moe flags RECIPE [key=value ...]      the recipe's XLA/NCCL environment as export lines
+  maxtext-moe plan RECIPE [--gpus N] [--gpu-mem GiB]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
+  maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
+  maxtext-moe convert hf-to-maxtext --hf DIR --model RECIPE --out DIR     HF DeepSeek-V3 -> MaxText
+  maxtext-moe convert maxtext-to-hf --ckpt DIR --model RECIPE --out DIR   MaxText -> HF (bf16)
+
+Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
+wrong type, impossible layout) prints one line on standard error and exits with 2.
+"""
+
+import argparse
+import os
+import sys
+
+from maxtext_moe.cli import run_commands, tool_commands
+from maxtext_moe.cli.output import routed_stdout
+from maxtext_moe.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="maxtext-moe",
+    description="Dropless DeepSeek-V3-class MoE training on MaxText.",
+    epilog=run_commands.OVERRIDES_HELP,
+  )
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("-v", "--verbose", action="store_true", help="show MaxText's own logging and notices")
+  run_commands.register(sub, common)
+  tool_commands.register(sub, common)
+  return parser
+
+
+def _process_defaults() -> None:
+  """Settings for this process, made before jax or maxtext is imported: less start-up noise from XLA's C++
+  logging and transformers, and MaxText without its Google Cloud dependencies."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+  os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = build_parser()
+  ns, extra = parser.parse_known_args(argv)
+  if extra:  # key=value overrides may follow convert's options; anything else is an error
+    if getattr(ns, "command", None) != "convert" or any(a.startswith("-") or "=" not in a for a in extra):
+      parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    ns.overrides = [*ns.overrides, *extra]
+  _process_defaults()
+  with routed_stdout(verbose=ns.verbose) as out:
+    try:
+      return ns.func(ns, out)
+    except UserError as e:
+      print(f"maxtext-moe: error: {e}", file=sys.stderr)
+      return 2
+    except KeyboardInterrupt:
+      print("maxtext-moe: interrupted", file=sys.stderr)
+      return 130

@@ -1,0 +1,60 @@
+"""Standard output carries only a command's output: its table, JSON, shell exports or manifest.
+
+While a command runs, file descriptor 1 and `sys.stdout` point at standard error, so whatever a library
+prints (MaxText prints `[DECOUPLED NO-OP] ...` notices on import, in Python and possibly from C) lands
+there; the command writes its output to the stream `routed_stdout` yields, a duplicate of the real
+standard output. Without --verbose, MaxText's decoupled-mode notices are dropped altogether.
+"""
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Iterator
+from typing import IO
+
+_NOISE = ("[DECOUPLED NO-OP]", "[NO-OP]")
+
+
+class _Notices(io.TextIOBase):
+  """A line-buffered text stream onto standard error that drops known noise lines."""
+
+  def __init__(self, target: IO[str], drop: tuple[str, ...]):
+    super().__init__()
+    self._target, self._drop, self._pending = target, drop, ""
+
+  def writable(self) -> bool:
+    return True
+
+  def write(self, text: str) -> int:
+    lines = (self._pending + text).split("\n")
+    self._pending = lines.pop()
+    for line in lines:
+      if not line.startswith(self._drop):
+        self._target.write(line + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    if self._pending and not self._pending.startswith(self._drop):
+      self._target.write(self._pending)
+    self._pending = ""
+    self._target.flush()
+
+
+@contextlib.contextmanager
+def routed_stdout(*, verbose: bool) -> Iterator[IO[str]]:
+  """Yields the command's output stream; everything else written to stdout goes to stderr meanwhile."""
+  sys.stdout.flush()
+  real_fd = os.dup(1)
+  os.dup2(2, 1)
+  out = os.fdopen(real_fd, "w", buffering=1, encoding="utf-8")
+  saved = sys.stdout
+  sys.stdout = sys.stderr if verbose else _Notices(sys.stderr, _NOISE)
+  try:
+    yield out
+  finally:
+    sys.stdout.flush()
+    sys.stdout = saved
+    out.flush()
+    os.dup2(real_fd, 1)
+    out.close()

@@ -1,0 +1,152 @@
+"""The commands around training: plan (memory), bench (benchmarks), convert (checkpoints)."""
+
+import argparse
+import json
+from typing import IO
+
+from maxtext_moe.cli.run_commands import split_recipe
+from maxtext_moe.errors import UserError
+
+
+def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.planner.memory_plan import memory_plan
+
+  recipe, overrides = split_recipe(ns.args)
+  if recipe is None:
+    raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
+  if ns.gpus is not None and ns.gpus < 1:
+    raise UserError(f"--gpus must be >= 1, got {ns.gpus}")
+  if ns.gpu_mem is not None and ns.gpu_mem <= 0:
+    raise UserError(f"--gpu-mem must be > 0 GiB, got {ns.gpu_mem}")
+  if not 0 < ns.mfu <= 1:
+    raise UserError(f"--mfu must be in (0, 1], got {ns.mfu}")
+  result = memory_plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
+  print(json.dumps(result.as_dict()) if ns.json else result.table(), file=out)
+  return 0 if result.base.fits else 1
+
+
+def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
+  if ns.which == "plan":
+    from maxtext_moe.bench import plan_accuracy
+
+    plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
+  elif ns.which == "convert":
+    from maxtext_moe.bench import convert_speed
+
+    convert_speed.run(out=out, as_json=ns.json, workdir=ns.workdir)
+  else:
+    import jax
+
+    from maxtext_moe.bench import moe_speed
+    from maxtext_moe.config import flags
+    from maxtext_moe.launch import environment
+
+    if jax.default_backend() == "cpu":  # measure under the allocator settings `train` runs with on CPU
+      environment.apply(flags.profile("cpu"))
+    moe_speed.run(out=out, as_json=ns.json, backends=ns.backends)
+  return 0
+
+
+def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.checkpoint.host_memory import bound_host_memory
+
+  bound_host_memory()  # before JAX and TensorStore start their threads
+  from maxtext_moe.checkpoint import convert, export  # pylint: disable=wrong-import-position
+
+  if ns.direction == "hf-to-maxtext":
+    if not ns.hf:
+      raise UserError("hf-to-maxtext needs --hf DIR (a Hugging Face model directory)")
+    summary = convert.hf_to_maxtext(ns.hf, ns.model, ns.out, overrides=ns.overrides, dtype=ns.dtype, force=ns.force)
+  else:
+    if not ns.ckpt:
+      raise UserError("maxtext-to-hf needs --ckpt DIR (a MaxText parameter checkpoint)")
+    summary = export.maxtext_to_hf(
+      ns.ckpt, ns.model, ns.out, overrides=ns.overrides, force=ns.force, max_shard_gb=ns.max_shard_gb
+    )
+  print(
+    f"maxtext-moe: wrote {summary['bytes_written'] / 1e9:.2f} GB in {summary['seconds']:.1f} s to {ns.out}", file=out
+  )
+  if summary.get("ignored_hf_tensors"):
+    n = len(summary["ignored_hf_tensors"])
+    print(f"maxtext-moe: left out {n} HF tensors this model has no place for: {summary['ignored_summary']}", file=out)
+  if "load_parameters_path" in summary:
+    print(f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']}", file=out)
+  return 0
+
+
+def _register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "plan",
+    parents=[common],
+    help="estimate per-GPU memory and throughput; say whether a recipe fits and what would make it fit",
+    epilog="Exit code: 0 fits, 1 does not fit, 2 bad input. Example: maxtext-moe plan gb300x1024/deepseek3-671b",
+    description="Estimate one device's memory at the training step's peak for RECIPE plus overrides, by "
+    "component: parameters, gradients, Adam state, saved activations under the remat/offload policy, the "
+    "loss phase's logits, MoE dispatch buffers and attention; plus host memory for offloaded state. Says "
+    "whether it fits the GPU's HBM (times the flag profile's XLA_PYTHON_CLIENT_MEM_FRACTION) and, if not, "
+    "the cheapest change that does: an offload preset, another EP/FSDP split, or a smaller micro-batch. "
+    "Prints training FLOPs per token (MaxText's count) and TFLOP/s per GPU at --mfu. Nothing is compiled; "
+    "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--gpus", type=int, help="number of GPUs (default: the recipe's recipe_num_devices)")
+  p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
+  p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
+  p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of the table")
+  p.set_defaults(func=_plan)
+
+
+def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  from maxtext_moe.moe.settings import GemmBackend
+
+  p = sub.add_parser(
+    "bench",
+    parents=[common],
+    help="run a benchmark and print its table",
+    description="moe: grouped-GEMM efficiency per backend (vs a dense matmul of equal FLOPs), MaxText "
+    "RoutedMoE forward+backward time for stock sparse_matmul, stock dense_matmul and ours, and the "
+    "all_to_all dispatcher's dedup ratio at EP=8. Shapes are documented in maxtext_moe/bench/moe_speed.py. "
+    "About 2-3 minutes on 2 CPU cores. convert: HF FP8 -> MaxText conversion of a synthetic ~1.5 GB "
+    "checkpoint: GB/s next to a plain file copy, and peak memory over the largest tensor group "
+    "(maxtext_moe/bench/convert_speed.py). Needs ~5 GB of temporary disk. plan: the planner's per-device "
+    "memory estimate against XLA's compiled memory_analysis() for tiny and 16B-proxy configs on 8 fake CPU "
+    "devices (maxtext_moe/bench/plan_accuracy.py); about 5 minutes on 2 cores, --quick about 1.",
+  )
+  p.add_argument("which", choices=["moe", "convert", "plan"], help="which benchmark")
+  p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases")
+  p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
+  p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
+  concrete = [b.value for b in GemmBackend if b != GemmBackend.AUTO]
+  p.add_argument("--backends", nargs="+", choices=concrete, help="moe: grouped-GEMM backends to measure (default: all)")
+  p.set_defaults(func=_bench)
+
+
+def _register_convert(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "convert",
+    parents=[common],
+    help="convert DeepSeek-V3 checkpoints between Hugging Face and MaxText",
+    description="hf-to-maxtext: Hugging Face safetensors (BF16, or FP8 e4m3 with 128x128 weight_scale_inv "
+    "blocks, dequantized on the fly) -> a MaxText Orbax parameter checkpoint at OUT/items, for "
+    "load_parameters_path. maxtext-to-hf: the reverse, as bf16 safetensors shards + index + config.json. "
+    "Both stream one (layer, expert) slice at a time, check config and every tensor's shape before "
+    "writing, and write into a temporary directory renamed at the end.",
+    epilog="Example: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --model gb200-nvl72/deepseek3-671b "
+    "--out /ckpt/dsv3",
+  )
+  p.add_argument("direction", choices=["hf-to-maxtext", "maxtext-to-hf"])
+  p.add_argument("--hf", help="Hugging Face model directory (config.json + *.safetensors) to read")
+  p.add_argument("--ckpt", help="MaxText parameter checkpoint to read (OUT of hf-to-maxtext, or OUT/items)")
+  p.add_argument("--model", required=True, help="recipe whose model to use, e.g. gb200-nvl72/deepseek3-671b")
+  p.add_argument("--out", required=True, help="directory to create")
+  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="hf-to-maxtext weight dtype")
+  p.add_argument("--max-shard-gb", type=float, default=5.0, help="maxtext-to-hf shard size (default 5)")
+  p.add_argument("--force", action="store_true", help="replace OUT if it exists (after the new one is complete)")
+  p.add_argument("overrides", nargs="*", metavar="key=value", help="model config overrides, as for train")
+  p.set_defaults(func=_convert)
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  _register_plan(sub, common)
+  _register_bench(sub, common)
+  _register_convert(sub, common)

@@ -1,0 +1,87 @@
+"""Per-step MoE statistics, from inside the jitted step to the host, by name.
+
+Inside the step each MoE layer records the block's stats (`moe_block`'s `stats`: per-device-summed
+scalars and the [E] expert load) under `INTERMEDIATE_PREFIX + name`; `reduce_layers` folds the layers
+into one dict (scalars summed, loads stacked [L, E]) that a `jax.debug.callback` hands to the run's
+`StatsChannel`. The metrics hook drains one entry per micro-batch for each logged step and turns them
+into the `moe/*` scalars of metrics.jsonl (`step_metrics`).
+"""
+
+import collections
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+INTERMEDIATE_PREFIX = "moe_plugin_"
+SCALARS = ("dropped", "rows_sent", "rows_sent_no_dedup", "buffer_rows")
+LOAD = "load"
+NAMES = (*SCALARS, LOAD)
+
+
+class DroplessViolation(RuntimeError):
+  """The dropless block dropped a token: a bug in this package, never a setting."""
+
+
+def reduce_layers(per_name: Mapping[str, list[jax.Array]]) -> dict[str, jax.Array]:
+  """{name: [one leaf per layer group]} -> scalars summed over layers, `load` as [L, E] (any leaf layout:
+  a scanned group's leaf holds all its layers)."""
+  out = {name: sum(jnp.sum(leaf) for leaf in per_name[name]) for name in SCALARS}
+  loads = per_name[LOAD]
+  num_experts = loads[0].shape[-1]
+  out[LOAD] = jnp.concatenate([leaf.reshape(-1, num_experts) for leaf in loads])
+  return out
+
+
+def load_max_over_mean(load_LE: np.ndarray) -> float:
+  """The worst layer's max/mean expert load (1.0 is perfectly balanced)."""
+  load_LE = np.asarray(load_LE, np.float64)
+  return float(np.max(load_LE.max(axis=1) / np.maximum(load_LE.mean(axis=1), 1e-9)))
+
+
+class StatsChannel:
+  """A run's per-micro-batch MoE stats on their way from device callbacks to the metrics hook.
+
+  `push` is called from JAX's callback thread, the drain methods from the training loop's."""
+
+  def __init__(self) -> None:
+    self._queue: collections.deque[dict[str, np.ndarray]] = collections.deque()
+    self._lock = threading.Lock()
+
+  def push(self, stats: Mapping[str, Any]) -> None:
+    with self._lock:
+      self._queue.append({k: np.asarray(v, np.float64) for k, v in stats.items()})
+
+  def clear(self) -> None:
+    with self._lock:
+      self._queue.clear()
+
+  def pop_step(self, micro_batches: int) -> list[dict[str, np.ndarray]]:
+    """The oldest logged step's entries, one per micro-batch ([] when the block did not run)."""
+    with self._lock:
+      if len(self._queue) < micro_batches:
+        return []
+      return [self._queue.popleft() for _ in range(micro_batches)]
+
+
+def step_metrics(entries: list[dict[str, np.ndarray]], *, row_bytes: int, capacity_factor: float) -> dict[str, float]:
+  """The moe/* scalars of one step from its micro-batches' entries: counts summed, the load ratio the
+  worst micro-batch's. Raises DroplessViolation when a dropless run (capacity_factor <= 0) dropped."""
+  if not entries:
+    return {}
+  total = {name: float(sum(e[name] for e in entries)) for name in SCALARS}
+  if total["dropped"] and capacity_factor <= 0:
+    raise DroplessViolation(
+      f"the dropless MoE block dropped {total['dropped']:.0f} assignments; this is a bug, please report it"
+    )
+  return {
+    "moe/load_max_over_mean": max(load_max_over_mean(e[LOAD]) for e in entries),
+    "moe/tokens_dropped": total["dropped"],
+    "moe/dispatch_rows": total["rows_sent"],
+    "moe/dispatch_rows_no_dedup": total["rows_sent_no_dedup"],
+    "moe/dispatch_bytes": total["rows_sent"] * row_bytes,
+    "moe/dispatch_bytes_no_dedup": total["rows_sent_no_dedup"] * row_bytes,
+  }

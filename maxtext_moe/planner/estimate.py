@@ -1,0 +1,252 @@
+"""The memory model: one device's bytes at the training step's peak, from the resolved config alone.
+
+Nothing is compiled or allocated, so it answers for 1,024 GPUs on a laptop (`memory_plan.py` searches
+fixes with it).
+
+The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim, F = expert hidden dim):
+
+  state        parameters (weight_dtype) + Adam's two moments (mu_dtype), each leaf divided by the mesh axes
+               its logical names resolve to (MaxText's logical_axis_rules, flax's resolution), minus what
+               offload puts on the host
+  grads        one grad_dtype copy of the sharded parameters
+  scan copy    with param_scan_axis != 0 the stacked layer weights are re-laid out layer-major once for the
+               scanned backward (seen in XLA's buffer assignment; MaxText's param_scan_axis=0 avoids it)
+  saved        what the remat policy keeps per layer: the layer input (T x D) under `full`; on the host when
+               the offload preset offloads it
+  peak         the larger of two phases:
+                 loss     4 float32 T x V logits-sized buffers (logits, softmax, their gradient, the one-hot
+                          scatter), + one T x V copy in a narrower compute dtype
+                 layer    the backward of one MoE layer while 2 of those logits buffers are still live:
+                            MoE rows R (see below) x (D x (4 + 4 x dtype bytes) + F x 6 x dtype bytes)
+                            + attention: 4 x B x H x L x L scores for dot-product attention; for flash,
+                              4 x T x H x (qk + v head dims)
+  MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
+                 local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K
+
+The copy counts (4 logits buffers, 2 live in the layer phase, the MoE row buffers) were read off XLA's
+buffer assignment for the tiny and 16B-proxy train steps (`--xla_dump_hlo_as_text`, the peak's live set);
+`maxtext-moe bench plan` checks the whole estimate against XLA's compiled `memory_analysis()` on CPU.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+
+from maxtext_moe.config.keys import Hardware
+from maxtext_moe.errors import UserError
+from maxtext_moe.moe.settings import routed_rows
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+  """Per-GPU figures from the vendors' data sheets: HBM, host memory per GPU, dense bf16 peak."""
+
+  hbm_gib: float
+  host_gib: float
+  peak_bf16_tflops: float
+
+
+# Host memory per GPU: DGX H100/H200 2 TB / 8, DGX B200 4 TB / 8, GB200/GB300 NVL72 one 480 GB Grace per 2 GPUs.
+DEVICES: dict[Hardware, DeviceSpec] = {
+  Hardware.H100: DeviceSpec(80, 256, 989),
+  Hardware.H200: DeviceSpec(141, 256, 989),
+  Hardware.B200: DeviceSpec(180, 512, 2250),
+  Hardware.GB200: DeviceSpec(186, 240, 2500),
+  Hardware.GB300: DeviceSpec(288, 240, 2500),
+}
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_bytes(dtype: Any) -> int:
+  name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+  if name not in _DTYPE_BYTES:
+    raise UserError(f"the planner does not know dtype '{name}'; use one of {', '.join(_DTYPE_BYTES)}")
+  return _DTYPE_BYTES[name]
+
+
+def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
+  """{mesh axis: size} from the config's ICI and DCN degrees, with a -1 axis filled as MaxText does."""
+  slices = max(int(getattr(cfg, "num_slices", 1) or 1), 1)
+
+  def fill(degrees: list[int], total: int) -> list[int]:
+    degrees = [int(d) for d in degrees]
+    if -1 in degrees:
+      known = math.prod(d for d in degrees if d != -1)
+      degrees[degrees.index(-1)] = max(total // known, 1)
+    return degrees
+
+  ici = fill(list(cfg.ici_parallelism), num_devices // slices)
+  dcn = fill(list(cfg.dcn_parallelism), slices)
+  return {axis: i * d for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}
+
+
+def _mesh_axes(names: tuple, rules: list) -> list[tuple[str, ...]]:
+  """Mesh axes each dim of an array with logical `names` is sharded over, by flax's rule resolution (what
+  MaxText's shardings use): rules in priority order, each mesh axis used at most once per array."""
+  return [
+    () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    for axes in nn.logical_to_mesh_axes(names, rules)
+  ]
+
+
+def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
+  """Elements of one device's shard of a parameter: each dim divided (rounded up, as XLA pads uneven
+  shards) by the sizes of the mesh axes its logical name resolves to."""
+  total = 1
+  for dim, axes in zip(shape, _mesh_axes(names, rules), strict=True):
+    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
+  return total
+
+
+@dataclasses.dataclass
+class Estimate:
+  """One device's memory, in bytes, and where it goes."""
+
+  params: int
+  optimizer: int
+  grads: int
+  scan_copy: int
+  saved_activations: int
+  logits_phase: int
+  layer_phase: int
+  moe_rows: int
+  moe_dispatch: int
+  attention: int
+  host: int
+  device_total: int
+  hbm: int | None
+  host_capacity: int | None
+  tflops_per_step: float
+  tokens_per_step: int
+  overrides: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def fits(self) -> bool:
+    device_ok = self.hbm is None or self.device_total <= self.hbm
+    host_ok = self.host_capacity is None or self.host <= self.host_capacity
+    return device_ok and host_ok
+
+
+def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[int, int]:
+  """(device, host) bytes the remat policy keeps per MoE layer for the backward."""
+  emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
+  sizes = {
+    "decoder_layer_input": tokens * emb,
+    "out_proj": tokens * emb,
+    "mlpwo": tokens * emb,
+    "moe_mlpwi_0": rows * ffn,
+    "moe_mlpwi_1": rows * ffn,
+    "moe_mlpwo": rows * emb,
+  }
+  policy = str(cfg.remat_policy)
+  if policy != "custom":  # full, and policies not modelled: the layer input, which every policy keeps
+    return tokens * emb * d_bytes, 0
+  device = host = 0
+  for name, elems in sizes.items():
+    where = str(getattr(cfg, name, "remat"))
+    if name == "decoder_layer_input" and where == "remat":
+      where = "device"  # the scan carry is kept regardless
+    if where == "device":
+      device += elems * d_bytes
+    elif where == "offload":
+      host += elems * d_bytes
+  return device, host
+
+
+def moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> int:
+  """Rows of the routed-expert buffers on one device (`moe.settings.routed_rows`)."""
+  return routed_rows(
+    dispatch, tokens, int(cfg.num_experts_per_tok), num_ranks=ep, capacity_factor=float(cfg.moe_capacity_factor)
+  )
+
+
+def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> tuple[int, int, int, int]:
+  """(parameters, Adam state, gradients, scanned-weights copy) bytes per device, before offload."""
+  w_b, g_b = dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.grad_dtype)
+  mu_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype)
+  param_elems = scanned_elems = 0
+  for path, shape, names in leaves:
+    if path[0] != "params":
+      continue
+    n = shard_elements(shape, names, rules, sizes)
+    param_elems += n
+    if any(name in ("layers", "dense_layers", "moe_layers") for name in names):
+      scanned_elems += n
+  opt_slots = 2 if str(cfg.opt_type).lower().endswith(("adamw", "adam_pax")) else 0
+  scan_copy = scanned_elems * w_b if int(cfg.param_scan_axis) != 0 and cfg.scan_layers else 0
+  return param_elems * w_b, param_elems * mu_b * opt_slots, param_elems * g_b, scan_copy
+
+
+def _attention_bytes(cfg: Any, tokens: int, d_b: int) -> int:
+  """The attention backward's buffers: L x L scores for dot-product attention, q/k/v/out for flash."""
+  seq, heads = int(cfg.max_target_length), int(cfg.num_query_heads)
+  dot_product = str(cfg.attention) == "dot_product" or (
+    str(cfg.attention) == "autoselected" and str(cfg.hardware) == "cpu"
+  )
+  if dot_product:  # the B x H x L x L scores, 4 copies (scores, softmax and their gradients)
+    return 4 * max(tokens // seq, 1) * heads * seq * seq * d_b
+  mla = str(cfg.attention_type) == "mla"
+  qk_dim = int(getattr(cfg, "qk_nope_head_dim", 0) or 0) + int(getattr(cfg, "qk_rope_head_dim", 0) or 0)
+  qk_dim = qk_dim if mla else int(cfg.head_dim)
+  v_dim = int(getattr(cfg, "v_head_dim", 0) or 0) if mla else int(cfg.head_dim)
+  return 4 * tokens * heads * (qk_dim + v_dim) * d_b  # flash: q, k, v, out and their gradients
+
+
+def estimate(
+  cfg: Any,
+  leaves: list,
+  *,
+  num_devices: int,
+  dispatch: str,
+  hbm_gib: float | None,
+  host_gib: float | None,
+  tflops: float,
+) -> Estimate:
+  """The per-device estimate for a resolved config and its parameter leaves (see the module docstring)."""
+  sizes = mesh_sizes(cfg, num_devices)
+  rules = [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
+  d_b = dtype_bytes(cfg.dtype)
+  params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes)
+
+  batch_shards = math.prod(sizes.get(a, 1) for a in _mesh_axes(("activation_batch",), rules)[0])
+  tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
+  rows = moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch) if int(cfg.num_experts) > 1 else 0
+  emb, ffn, vocab = int(cfg.emb_dim), int(cfg.moe_mlp_dim), int(cfg.vocab_size)
+  moe_dispatch = rows * (emb * (4 + 4 * d_b) + ffn * 6 * d_b)
+  attention = _attention_bytes(cfg, tokens, d_b)
+  logits = tokens * vocab * 4
+  logits_phase = 4 * logits + (tokens * vocab * d_b if d_b < 4 else 0)
+  layer_phase = 2 * logits + moe_dispatch + attention
+
+  layers = int(cfg.num_decoder_layers) + int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  saved_dev, saved_host = _saved_per_layer(cfg, tokens, d_b, rows)
+  host = saved_host * layers
+  if cfg.optimizer_memory_host_offload:
+    host, optimizer = host + optimizer, 0
+  if cfg.parameter_memory_host_offload:
+    host, params = host + params, 0
+  saved = saved_dev * layers
+  return Estimate(
+    params=params,
+    optimizer=optimizer,
+    grads=grads,
+    scan_copy=scan_copy,
+    saved_activations=saved,
+    logits_phase=logits_phase,
+    layer_phase=layer_phase,
+    moe_rows=rows,
+    moe_dispatch=moe_dispatch,
+    attention=attention,
+    host=host,
+    device_total=params + optimizer + grads + scan_copy + saved + max(logits_phase, layer_phase),
+    hbm=None if hbm_gib is None else int(hbm_gib * GIB),
+    host_capacity=None if host_gib is None else int(host_gib * GIB),
+    tflops_per_step=tflops,
+    tokens_per_step=tokens,
+  )

@@ -1,0 +1,213 @@
+"""The memory plan of a recipe: will it fit, what does it cost, and what is the cheapest change that fits.
+
+`memory_plan(recipe, overrides, gpus=..., gpu_mem_gib=...)` estimates one device (`estimate.py`), and when
+the recipe does not fit tries changes cheapest first (`_candidates`): offload presets, EP/FSDP splits of
+the same devices, smaller micro-batches. MaxText's own FLOPs count gives FLOPs per token and TFLOP/s per
+GPU at a stated MFU.
+"""
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from maxtext_moe.config.keys import Hardware
+from maxtext_moe.config.offload import OffloadPreset
+from maxtext_moe.errors import UserError
+from maxtext_moe.planner.estimate import DEVICES, GIB, Estimate, estimate, mesh_sizes
+
+
+def _gib(n: int | None) -> str:
+  return "-" if n is None else f"{n / GIB:,.1f}"
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+  """A recipe's estimate and, when it does not fit, the cheapest fix found."""
+
+  recipe: str
+  hardware: Hardware
+  num_devices: int
+  dispatch: str
+  layout: dict[str, int]
+  mfu: float
+  base: Estimate
+  fix: Estimate | None
+  fix_kind: str | None
+  tried: int
+
+  @property
+  def peak_tflops(self) -> float | None:
+    spec = DEVICES.get(self.hardware)
+    return spec.peak_bf16_tflops if spec else None
+
+  def table(self) -> str:
+    """A readable report: layout, memory per device by component, verdict, fix, throughput."""
+    e = self.base
+    layout = " x ".join(f"{a}={n}" for a, n in self.layout.items() if n > 1) or "1 device"
+    lines = [
+      f"{self.recipe}: {self.num_devices} x {self.hardware.value}, {layout}, MoE dispatch {self.dispatch}",
+      f"  tokens per device per step: {e.tokens_per_step:,}; MoE rows per device: {e.moe_rows:,}",
+      "",
+      f"  {'per device':<44}{'GiB':>10}",
+      f"  {'parameters':<44}{_gib(e.params):>10}",
+      f"  {'optimizer state (Adam mu, nu)':<44}{_gib(e.optimizer):>10}",
+      f"  {'gradients':<44}{_gib(e.grads):>10}",
+      f"  {'scanned weights re-laid out for backward':<44}{_gib(e.scan_copy):>10}",
+      f"  {'saved activations (remat policy)':<44}{_gib(e.saved_activations):>10}",
+      f"  {'loss phase: logits and their gradient':<44}{_gib(e.logits_phase):>10}",
+      f"  {'layer phase: MoE dispatch buffers':<44}{_gib(e.moe_dispatch):>10}",
+      f"  {'layer phase: attention':<44}{_gib(e.attention):>10}",
+      f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
+      f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
+      f"  {'host memory (offloaded)':<44}{_gib(e.host):>10}",
+      f"  {'host memory per GPU':<44}{_gib(e.host_capacity):>10}",
+      "",
+    ]
+    flops_token = e.tflops_per_step * 1e12 / max(e.tokens_per_step, 1)
+    lines.append(f"  training FLOPs per token: {flops_token / 1e9:,.2f} GFLOP (MaxText's count, 6N + attention)")
+    if self.peak_tflops:
+      achieved = self.mfu * self.peak_tflops
+      step = e.tflops_per_step / achieved
+      lines.append(
+        f"  at {self.mfu:.0%} MFU of {self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
+        f"{step:.2f} s per step, {e.tokens_per_step / step:,.0f} tokens/s per GPU"
+      )
+    lines.append("")
+    if e.hbm is None:
+      lines.append("  verdict: no device memory limit on this hardware (pass --gpu-mem GiB to check one)")
+    elif e.fits:
+      lines.append(f"  verdict: FITS ({_gib(e.hbm - e.device_total)} GiB to spare on device)")
+    else:
+      where = "device" if e.device_total > (e.hbm or 0) else "host"
+      lines.append(f"  verdict: DOES NOT FIT ({where} memory)")
+      if self.fix is not None:
+        lines.append(
+          f"  cheapest fix ({self.fix_kind}): {' '.join(self.fix.overrides)} -> "
+          f"{_gib(self.fix.device_total)} GiB on device, {_gib(self.fix.host)} GiB on host"
+        )
+      else:
+        lines.append(f"  no offload preset, EP/FSDP split or smaller micro-batch makes it fit ({self.tried} tried)")
+    return "\n".join(lines)
+
+  def as_dict(self) -> dict:
+    return {
+      "recipe": self.recipe,
+      "num_devices": self.num_devices,
+      "dispatch": self.dispatch,
+      "layout": self.layout,
+      "fits": self.base.fits,
+      "estimate": dataclasses.asdict(self.base),
+      "fix": None if self.fix is None else {"kind": self.fix_kind, "overrides": self.fix.overrides},
+    }
+
+
+def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:
+  """Changes in the order we consider them cheapest: offload presets, then EP/FSDP splits of the same
+  devices (each axis kept within its ICI/DCN side), then smaller micro-batches."""
+  current = [p.value for p in OffloadPreset]
+  start = current.index(cfg.offload.value) + 1 if cfg.offload else 0
+  for preset in current[start:]:
+    yield "offload preset", [f"offload={preset}"]
+  ep, fsdp = int(cfg.ici_expert_parallelism), int(cfg.ici_fsdp_parallelism)
+  if ep > 0 and fsdp > 0:
+    ici = ep * fsdp
+    # Nearest EP first: the smallest change to the recipe's communication pattern.
+    for new_ep in sorted(_divisors(ici), key=lambda d: (abs(math.log(d / ep)), -d)):
+      if new_ep != ep and int(cfg.num_experts) % new_ep == 0:
+        yield "EP/FSDP split", [f"ici_expert_parallelism={new_ep}", f"ici_fsdp_parallelism={ici // new_ep}"]
+  pdbs = float(cfg.per_device_batch_size)
+  while pdbs > 1:
+    pdbs = pdbs / 2
+    if pdbs == int(pdbs):
+      yield "smaller micro-batch", [f"per_device_batch_size={int(pdbs)}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+  """What every candidate of one plan shares: the recipe, devices, memory limits and parameter tree."""
+
+  path: Any
+  base_overrides: list[str]
+  num_devices: int
+  hbm_gib: float | None
+  host_gib: float | None
+  leaves: list
+  platform: str
+
+
+def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: float | None) -> tuple[_Context, Any]:
+  from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import model as upstream_model  # pylint: disable=import-outside-toplevel
+
+  path = recipe_path(recipe)
+  # A fine-tuning recipe's weights do not change its memory: plan it without them.
+  base_overrides = ["finetune=false", *overrides] + ([f"recipe_num_devices={gpus}"] if gpus else [])
+  cfg = upstream_config.resolved(path, base_overrides)
+  n = int(cfg.recipe_num_devices)
+  if n <= 0:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    n = jax.device_count()
+  spec = DEVICES.get(Hardware(cfg.recipe_hardware))
+  mem_fraction = float(flags.for_config(cfg).env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75 if spec else 1.0))
+  hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
+  # The parameter tree's shapes do not depend on the layout: trace it once, on one device.
+  one_device = upstream_config.resolved(path, [*base_overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
+  leaves = upstream_model.param_leaves(one_device)
+  platform = "cpu" if str(cfg.hardware) == "cpu" else "gpu"
+  return _Context(path, base_overrides, n, hbm, spec.host_gib if spec else None, leaves, platform), cfg
+
+
+def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
+  from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
+
+  ep = mesh_sizes(cfg, ctx.num_devices).get("expert", 1)
+  kind = resolve_dispatch(
+    cfg.moe_dispatch, ep=ep, platform=ctx.platform, capacity_factor=float(cfg.moe_capacity_factor)
+  ).value
+  total, _, _ = train_tflops_per_device(cfg)
+  est = estimate(
+    cfg,
+    ctx.leaves,
+    num_devices=ctx.num_devices,
+    dispatch=kind,
+    hbm_gib=ctx.hbm_gib,
+    host_gib=ctx.host_gib,
+    tflops=total,
+  )
+  est.overrides = extra
+  return est, kind
+
+
+def memory_plan(
+  recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None, mfu: float = 0.4
+) -> MemoryPlan:
+  """Estimates `recipe` + overrides and, when it does not fit, searches for the cheapest change that does."""
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+
+  ctx, cfg = _context(recipe, overrides, gpus, gpu_mem_gib)
+  base, dispatch = _estimate(ctx, cfg, [])
+  fix, fix_kind, tried = None, None, 0
+  if not base.fits:
+    for kind, extra in _candidates(cfg):
+      tried += 1
+      try:
+        cand_cfg = upstream_config.resolved(ctx.path, ctx.base_overrides + extra)
+      except UserError:
+        continue  # an invalid layout for this model (e.g. experts not divisible)
+      cand, _ = _estimate(ctx, cand_cfg, extra)
+      if cand.fits:
+        fix, fix_kind = cand, kind
+        break
+  layout = {a: s for a, s in mesh_sizes(cfg, ctx.num_devices).items() if s > 1}
+  return MemoryPlan(
+    recipe, Hardware(cfg.recipe_hardware), ctx.num_devices, dispatch, layout, mfu, base, fix, fix_kind, tried
+  )

@@ -1,0 +1,209 @@
+"""Config resolution through MaxText: our keys in its pydantic class, resolved once per process.
+
+Two reads, in this order:
+1. `layer_keys`: the YAML layers and key=value overrides through MaxText's own loader (OmegaConf only: no
+   pydantic, no JAX backend), for what must be decided before the backend starts (the flag environment)
+   or before MaxText sees the overrides (the offload preset's keys, the run directory).
+2. `resolve`: the one MaxText resolution (`pyconfig._initialize_pydantic` with `MoEMaxTextConfig`), with
+   the preset expanded in front of the user's overrides (which therefore win). MaxText's validation starts
+   the JAX backend, so everything in step 1 must be applied first.
+The trainer is then handed the resolved object itself (`upstream.trainer`), so MaxText never parses again.
+"""
+
+import contextlib
+import difflib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import omegaconf
+import pydantic
+from maxtext.configs import pyconfig, types
+from maxtext.utils import globals as mt_globals
+from maxtext.utils import max_utils
+
+from maxtext_moe.config import checks, offload
+from maxtext_moe.config.keys import PluginKeys
+from maxtext_moe.data import corpus
+from maxtext_moe.errors import UserError
+
+# Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
+# MaxText keys DeepSeek-V3 routing (sigmoid + bias, group-limited top-k) on that prefix.
+PLUGIN_MODEL_NAMES = ("deepseek3-proxy-16b",)
+
+
+class MoEMaxTextConfig(PluginKeys, types.MaxTextConfig):
+  """MaxText's config plus the plugin's keys and cross-field checks. Unknown keys stay errors."""
+
+  model_name: types.ModelName | Literal[PLUGIN_MODEL_NAMES] = pydantic.Field(  # type: ignore[valid-type]
+    "default", description="The name of the model configuration to use."
+  )
+
+  @pydantic.model_validator(mode="after")
+  def _plugin_checks(self) -> "MoEMaxTextConfig":
+    for check in checks.ALL_CHECKS:
+      check(self)
+    return self
+
+
+def maxtext_configs_dir() -> Path:
+  return Path(mt_globals.MAXTEXT_CONFIGS_DIR)
+
+
+def maxtext_assets_dir() -> Path:
+  """maxtext 0.2.5's MAXTEXT_ASSETS_ROOT points at <pkg>/src/maxtext/assets for a pip install, which does
+  not exist; the assets really sit next to the package's modules."""
+  return Path(mt_globals.MAXTEXT_PKG_DIR) / "assets"
+
+
+def _asset_path(rel: str) -> str:
+  path = maxtext_assets_dir() / rel
+  if not path.exists():
+    raise UserError(f"maxtext asset '{rel}' not found under {maxtext_assets_dir()}")
+  return str(path)
+
+
+_RESOLVERS = {
+  "maxtext_configs": lambda rel: str(maxtext_configs_dir() / rel),
+  "maxtext_assets": _asset_path,
+  "moe_corpus": lambda name: str(corpus.corpus_path(name)),
+}
+
+
+def install_resolvers() -> None:
+  """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (a file in the installed maxtext's configs),
+  `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
+  offline corpus parquet, built and cached on first use)."""
+  for name, fn in _RESOLVERS.items():
+    if not omegaconf.OmegaConf.has_resolver(name):
+      omegaconf.OmegaConf.register_resolver(name, fn, use_cache=True)
+
+
+@dataclass(frozen=True)
+class LayerKeys:
+  """What the launcher needs before MaxText resolves the config: the plugin keys (validated, the rest at
+  their defaults) and a few of MaxText's, as the layers and overrides set them."""
+
+  plugin: PluginKeys
+  run_name: str
+  run_name_set: bool  # by a YAML layer or an override, not left to MaxText's default
+  base_output_directory: str
+  model_name: str
+  dump_hlo: bool
+
+
+_LAYER_PLUGIN_KEYS = ("recipe_hardware", "flag_profile", "xla_flags_extra", "env_extra", "offload")
+
+
+def _layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
+  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
+  value = cfg.get(key)
+  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
+    return omegaconf.OmegaConf.to_container(value, resolve=True)
+  return None if isinstance(value, str) and value.lower() == "none" else value
+
+
+def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
+  """Reads the launcher's keys from the YAML layers and overrides, without MaxText's validation (no JAX).
+
+  Raises:
+    UserError: one line for a bad value of one of these keys, or an unreadable YAML layer.
+  """
+  install_resolvers()
+  try:
+    merged = omegaconf.OmegaConf.merge(
+      pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
+      omegaconf.OmegaConf.from_cli(list(overrides)),
+    )
+    raw = {k: _layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, "run_name", "base_output_directory")}
+    raw |= {k: _layer_value(merged, k) for k in ("model_name", "dump_hlo")}
+    plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
+  except (pydantic.ValidationError, ValueError, omegaconf.errors.OmegaConfBaseException) as e:
+    raise UserError(one_line(e)) from e
+  return LayerKeys(
+    plugin=plugin,
+    run_name=str(raw["run_name"] or ""),
+    run_name_set=bool(raw["run_name"]),
+    base_output_directory=str(raw["base_output_directory"] or ""),
+    model_name=str(raw["model_name"] or "default"),
+    dump_hlo=bool(raw["dump_hlo"]),
+  )
+
+
+def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys) -> list[str]:
+  """The argv MaxText resolves: the offload preset's keys, then the user's overrides (so theirs win)."""
+  return ["", str(config_path), *offload.preset_overrides(keys.plugin.offload), *overrides]
+
+
+_UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")
+
+
+def one_line(err: Exception) -> str:
+  """Turns MaxText's and pydantic's multi-line config errors into one actionable line."""
+  if isinstance(err, pydantic.ValidationError):
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "config"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] in ("value_error", "assertion_error"):
+      return msg
+    return f"bad value for '{loc}': {msg} (got {e.get('input')!r})"
+  text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+  m = _UNKNOWN_KEY.match(text)
+  if m:
+    near = difflib.get_close_matches(m.group(1), MoEMaxTextConfig.model_fields, n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else "; run 'maxtext-moe config --keys' for the plugin's keys"
+    return f"unknown config key '{m.group(1)}'{hint}"
+  return text
+
+
+@contextlib.contextmanager
+def _no_distributed_init() -> Iterator[None]:
+  """Resolving a config must not try to join a cluster (MaxText does so inside config parsing): the
+  launcher joins one itself, before resolving."""
+  saved = max_utils.maybe_initialize_jax_distributed_system
+  max_utils.maybe_initialize_jax_distributed_system = lambda raw_keys: None
+  try:
+    yield
+  finally:
+    max_utils.maybe_initialize_jax_distributed_system = saved
+
+
+def _initialize(argv: list[str], config_class: type) -> Any:
+  """MaxText's resolution without its exit-on-error wrapper; errors become one-line UserErrors."""
+  install_resolvers()
+  try:
+    with _no_distributed_init():
+      return pyconfig._initialize_pydantic(argv, config_class=config_class)  # pylint: disable=protected-access
+  except UserError:
+    raise
+  except (pydantic.ValidationError, ValueError, TypeError, KeyError, omegaconf.errors.OmegaConfBaseException) as e:
+    raise UserError(one_line(e)) from e
+
+
+def resolve(config_path: str | Path, overrides: list[str], *, keys: LayerKeys | None = None) -> MoEMaxTextConfig:
+  """Resolves `config_path` + `key=value` overrides the MaxText way, with our keys and checks: one MaxText
+  resolution. `keys`: the layer keys already read for these overrides (read here when None).
+
+  Raises:
+    UserError: one line describing a bad key, value or layout.
+  """
+  keys = keys or layer_keys(config_path, overrides)
+  return _initialize(maxtext_argv(config_path, overrides, keys), MoEMaxTextConfig)
+
+
+def hyperparameters(cfg: MoEMaxTextConfig) -> Any:
+  """MaxText's read-only `HyperParameters` view of a resolved config (what its trainer and layers take)."""
+  return pyconfig.HyperParameters(cfg)
+
+
+def resolved(config_path: str | Path, overrides: list[str]) -> Any:
+  """`hyperparameters(resolve(...))`: a recipe + overrides as MaxText's code sees it."""
+  return hyperparameters(resolve(config_path, overrides))
+
+
+def maxtext_base_defaults() -> dict[str, Any]:
+  """MaxText's own base.yml, resolved with no plugin layers, as JSON-able values (for `maxtext-moe config`)."""
+  argv = ["", str(maxtext_configs_dir() / "base.yml"), "log_config=false", "base_output_directory=/maxtext_output"]
+  return _initialize(argv, types.MaxTextConfig).model_dump(mode="json")

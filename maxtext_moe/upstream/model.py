@@ -1,0 +1,115 @@
+"""MaxText's model outside its trainer: the parameter tree, a forward pass from a checkpoint, one MoE layer.
+
+- `param_leaves`: (path, shape, logical axes) of every parameter, from `jax.eval_shape` of MaxText's own
+  init (nothing is allocated): what checkpoint conversion fills and the planner shards.
+- `load_and_forward`: loads a parameter checkpoint with MaxText's `load_params_from_path` (what
+  `load_parameters_path` runs in training) and returns the logits, with our MoE block installed.
+- `routed_moe_layer`: one MaxText `RoutedMoE` built from a config, for benchmarks.
+"""
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core.spmd import logical_axis_rules
+from maxtext.common import checkpointing
+from maxtext.layers import initializers
+from maxtext.layers import moe as mt_moe
+from maxtext.models import models
+from maxtext.utils import maxtext_utils
+
+from maxtext_moe.upstream import moe_layer
+from maxtext_moe.upstream.patches import installed
+
+# A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
+ONE_DEVICE_OVERRIDES = [
+  *(f"ici_{a}_parallelism=1" for a in ("fsdp", "expert", "tensor", "sequence", "pipeline", "context")),
+  "ici_data_parallelism=-1",
+  *(f"dcn_{a}_parallelism=1" for a in ("data", "fsdp", "expert", "pipeline")),
+  "num_slices=1",
+  "recipe_num_devices=-1",
+  "hardware=cpu",
+]
+
+Leaf = tuple[tuple[str, ...], tuple[int, ...], tuple[str | None, ...]]
+
+
+def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+  return models.transformer_as_linen(cfg, mesh, quant=None, model_mode="train"), mesh
+
+
+def param_leaves(cfg: Any) -> list[Leaf]:
+  """[(collection-qualified path, shape, logical axis names)] of a resolved config's model parameters."""
+  model, _ = _linen_model(cfg)
+  tree = maxtext_utils.get_abstract_param(model, cfg)
+  leaves = []
+  flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))[0]
+  for path, leaf in flat:
+    value = leaf.value if isinstance(leaf, nn.LogicallyPartitioned) else leaf
+    names = tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned) else (None,) * len(value.shape)
+    leaves.append((tuple(str(getattr(k, "key", k)) for k in path), tuple(value.shape), names))
+  return leaves
+
+
+def load_and_forward(cfg: Any, params_path: str, tokens: Any) -> jax.Array:
+  """The model's logits for `tokens` [B, S] (positions 0..S-1) with the parameters at `params_path`."""
+  model, mesh = _linen_model(cfg)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+    nn.unbox(maxtext_utils.get_abstract_param(model, cfg)),
+  )
+  params = checkpointing.load_params_from_path(params_path, abstract, cfg.checkpoint_storage_concurrent_gb)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  with installed(moe_layer.patches()), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
+    out = model.apply(
+      params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
+    )
+  return out[0] if isinstance(out, tuple) else out
+
+
+def routed_moe_layer(cfg: Any) -> tuple[Callable, Callable, Any, jax.Array, Callable]:
+  """MaxText's RoutedMoE for a resolved config: (fwd, fwd_bwd, params, x, run_ctx), our block installed
+  while the functions are traced (call them inside `run_ctx()`).
+
+  `fwd(params, x)` returns the layer output; `fwd_bwd(params, x)` returns grads of sum(y^2) for the layer's
+  parameters and x (both jitted). `run_ctx()` enters MaxText's mesh, logical axis rules and our patch."""
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+
+  def run_ctx() -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    stack.enter_context(installed(moe_layer.patches()))
+    stack.enter_context(jax.set_mesh(mesh))
+    stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
+    return stack
+
+  with run_ctx():
+    layer = mt_moe.RoutedMoE(
+      config=cfg,
+      num_experts=cfg.num_experts,
+      num_experts_per_tok=cfg.num_experts_per_tok,
+      mesh=mesh,
+      kernel_init=initializers.nd_dense_init(1.0, "fan_in", "truncated_normal"),
+      kernel_axes=("embed", None),
+      intermediate_dim=cfg.moe_mlp_dim,
+      dtype=cfg.dtype,
+      weight_dtype=cfg.weight_dtype,
+      rngs=nnx.Rngs(0),
+    )
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  batch = int(cfg.per_device_batch_size) * jax.device_count()
+  x = jax.random.normal(jax.random.PRNGKey(1), (batch, cfg.max_target_length, cfg.emb_dim), cfg.dtype)
+
+  def apply(params, x):
+    return nnx.merge(graphdef, params, rest)(x)[0]
+
+  def loss(state, x):
+    return jnp.sum(apply(state, x).astype(jnp.float32) ** 2)
+
+  return jax.jit(apply), jax.jit(jax.grad(loss, argnums=(0, 1))), params, x, run_ctx

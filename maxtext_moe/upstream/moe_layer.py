@@ -1,0 +1,110 @@
+"""The dropless MoE block at MaxText's seam: `RoutedMoE.sparse_matmul`, replaced.
+
+MaxText's `RoutedMoE.__call__` runs the gate and calls `sparse_matmul(inputs, gate_logits, pre_bias_logits,
+w0, w1, wo, biases..., input_ids, forced_routed_experts) -> (out, lb_loss, bias_updates)`. Our
+replacement keeps MaxText's routing (`get_topk`: DeepSeek-V3 sigmoid + bias, group-limited top-k,
+routed_scaling_factor), its load-balance loss and its aux-loss-free bias update, and runs our
+dispatch -> grouped GEMM -> combine (`maxtext_moe.moe.block.moe_block`) in between. The parameter tree is
+untouched, so checkpoints stay interchangeable with stock MaxText. With `moe_impl=maxtext` it falls
+through to MaxText's own method.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from maxtext.layers import moe as mt_moe
+
+from maxtext_moe.config.keys import MoEImpl
+from maxtext_moe.moe.block import moe_block
+from maxtext_moe.moe.settings import MoESettings
+from maxtext_moe.moe.stats import INTERMEDIATE_PREFIX
+from maxtext_moe.upstream.patches import Patch, original
+
+
+def settings_from_config(cfg: Any) -> MoESettings:
+  return MoESettings(
+    dispatch=cfg.moe_dispatch,
+    gemm=cfg.moe_gemm_backend,
+    capacity_factor=float(cfg.moe_capacity_factor),
+    activation=cfg.mlp_activations[0],
+  )
+
+
+def _load_balance_loss(layer: Any, gate_logits, pre_bias_logits, top_k_indices):
+  """MaxText's auxiliary load-balance loss, computed as its dense_matmul does (None when off)."""
+  cfg = layer.config
+  if cfg.model_call_mode == "inference" or layer.is_hash_routing or cfg.load_balance_loss_weight <= 0.0:
+    return None
+  if mt_moe.uses_megatron_seq_aux_loss(cfg):
+    return layer.megatron_seq_aux_loss(pre_bias_logits if pre_bias_logits is not None else gate_logits)
+  probs = jax.nn.softmax(gate_logits.astype(jnp.float32), axis=-1).astype(layer.dtype)
+  return layer.load_balance_loss(top_k_indices, probs)
+
+
+def _bias_updates(layer: Any, top_k_indices):
+  """DeepSeek-V3's aux-loss-free bias update from the pre-dispatch top-k ids, as MaxText computes it."""
+  cfg = layer.config
+  if not layer.should_update_load_balance():
+    return None
+  if getattr(cfg, "gradient_accumulation_steps", 1) > 1:
+    return mt_moe.calculate_expert_counts(top_k_indices, cfg.num_experts, axis_names=None)
+  return mt_moe.calculate_load_balance_updates(
+    top_k_indices, cfg.num_experts, cfg.routed_bias_update_rate, axis_names=None
+  )
+
+
+def dropless_sparse_matmul(
+  self,
+  inputs,
+  gate_logits,
+  pre_bias_logits,
+  w0_kernel,
+  w1_kernel,
+  wo_kernel,
+  w0_bias,
+  w1_bias,
+  wo_bias,
+  input_ids=None,
+  forced_routed_experts=None,
+):
+  """Drop-in for RoutedMoE.sparse_matmul: MaxText routing, then our dispatch -> grouped GEMM -> combine."""
+  weights = (w0_kernel, w1_kernel, wo_kernel, w0_bias, w1_bias, wo_bias)
+  if str(getattr(self.config, "moe_impl", MoEImpl.MAXTEXT)) != MoEImpl.DROPLESS:
+    fall_through = original(mt_moe.RoutedMoE, "sparse_matmul")
+    return fall_through(
+      self,
+      inputs,
+      gate_logits,
+      pre_bias_logits,
+      *weights,
+      input_ids=input_ids,
+      forced_routed_experts=forced_routed_experts,
+    )
+  if any(b is not None for b in (w0_bias, w1_bias, wo_bias)):
+    raise ValueError("moe_impl=dropless does not support MLP biases; set moe_impl=maxtext")
+  weights_TK, ids_TK = self.get_topk(
+    gate_logits, pre_bias_logits, self.rngs, input_ids=input_ids, forced_routed_experts=forced_routed_experts
+  )
+  b, s, d = inputs.shape
+  k = ids_TK.shape[-1]
+  ep = self.mesh.shape.get("expert", 1)
+  y_TD, stats = moe_block(
+    inputs.reshape(b * s, d),
+    ids_TK.reshape(b * s, k).astype(jnp.int32),
+    weights_TK.reshape(b * s, k).astype(inputs.dtype),
+    *(w.astype(inputs.dtype) for w in (w0_kernel, w1_kernel, wo_kernel)),
+    mesh=self.mesh,
+    expert_axis="expert" if ep > 1 else None,
+    settings=settings_from_config(self.config),
+  )
+  for name, value in stats.items():
+    self.sow(nnx.Intermediate, INTERMEDIATE_PREFIX + name, value)
+  lb_loss = _load_balance_loss(self, gate_logits, pre_bias_logits, ids_TK)
+  return y_TD.reshape(b, s, d), lb_loss, _bias_updates(self, ids_TK)
+
+
+def patches() -> list[Patch]:
+  """Our block in place of RoutedMoE.sparse_matmul (configs with moe_impl=maxtext still reach MaxText's)."""
+  return [Patch(mt_moe.RoutedMoE, "sparse_matmul", dropless_sparse_matmul)]
