@@ -29,6 +29,8 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
     ),
     (["quantization=fp8"], "moe_impl=dropless does not support quantization yet"),
     (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
+    (["emb_dim=96"], "emb_dim is derived by MaxText from other keys and would be ignored; set base_emb_dim instead"),
+    (["checkpoint_dir=/x"], "checkpoint_dir is derived by MaxText from other keys and would be ignored; it cannot"),
   ],
 )
 def test_bad_overrides_raise_one_line(overrides, expected, upstream_config):

@@ -16,6 +16,8 @@ SNAPSHOT = (
   "flag_profile",
   "xla_flags_extra",
   "env_extra",
+  "model_file",
+  "mla_norm_epsilon",
   "finetune",
 )
 

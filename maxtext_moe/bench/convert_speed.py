@@ -69,11 +69,17 @@ def _fp8(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
   return b.view(ml_dtypes.float8_e4m3fn)
 
 
+def _spec():
+  from maxtext_moe.checkpoint.model_spec import from_argument
+
+  return from_argument(MODEL, BENCH)
+
+
 def write_synthetic(out: Path, plans, cfg) -> int:
   """A Hugging Face FP8 checkpoint with every tensor `plans` needs; returns its size in bytes."""
   from safetensors.numpy import save_file
 
-  from maxtext_moe.checkpoint import deepseek
+  from maxtext_moe.checkpoint import hf_config
 
   out.mkdir(parents=True)
   rng = np.random.default_rng(0)
@@ -100,7 +106,7 @@ def write_synthetic(out: Path, plans, cfg) -> int:
         shard, shard_bytes = {}, 0
   if shard:
     flush()
-  config = deepseek.hf_config_for(cfg) | {
+  config = hf_config.hf_config_for(cfg) | {
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
   }
   (out / "config.json").write_text(json.dumps(config))
@@ -122,7 +128,7 @@ def child(src: str, out: str) -> None:
   bound_host_memory()  # as `maxtext-moe convert` does, before JAX starts its threads
   from maxtext_moe.checkpoint import convert  # pylint: disable=wrong-import-position
 
-  _, plans = convert.model_tree(MODEL, BENCH)  # imports and traces first, so `before` includes them
+  _, plans = convert.model_tree(_spec())  # imports and traces first, so `before` includes them
   produce = _produce_only(src, plans)
   before = _vm("VmRSS")
   threads, times = _thread_cpu(), os.times()
@@ -175,7 +181,6 @@ def _write_only(src: str, out: Path, plans) -> float:
   conversion would have if reading, dequantizing and transposing were free."""
   from maxtext_moe.checkpoint import convert
   from maxtext_moe.checkpoint.orbax_io import save_tree
-  from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
   from maxtext_moe.checkpoint.staging import staged_output
 
   made: dict[tuple[tuple[int, ...], np.dtype], np.ndarray] = {}
@@ -185,7 +190,7 @@ def _write_only(src: str, out: Path, plans) -> float:
       shape = tuple(len(range(*s.indices(d))) for s, d in zip(index, plan.leaf.shape, strict=True))
       yield index, made.setdefault((shape, dtype), np.ones(shape, dtype))
 
-  dtypes = convert.leaf_dtypes(plans, HFCheckpoint(src), np.dtype(ml_dtypes.bfloat16))
+  dtypes = convert.leaf_dtypes(plans, np.dtype(ml_dtypes.bfloat16))
   tree = convert.streamed_tree(plans, dtypes, lambda plan, dtype: functools.partial(ready_made, plan, dtype))
   start = time.perf_counter()
   with staged_output(out, force=False) as tmp:
@@ -252,7 +257,7 @@ def _table(result: dict[str, Any]) -> Any:
 def run(*, out: IO[str], as_json: bool = False, workdir: str | None = None) -> dict[str, Any]:
   from maxtext_moe.checkpoint import convert
 
-  cfg, plans = convert.model_tree(MODEL, BENCH)
+  cfg, plans = convert.model_tree(_spec())
   largest = max(int(np.prod(p.chunk_shape)) * 2 for p in plans)  # one whole HF tensor, bf16
   root = Path(tempfile.mkdtemp(prefix="maxtext-moe-bench-convert-", dir=workdir))
   try:

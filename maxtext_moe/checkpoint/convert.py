@@ -27,10 +27,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from maxtext_moe.checkpoint import deepseek
+from maxtext_moe.checkpoint import deepseek, hf_config, model_spec
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
+from maxtext_moe.checkpoint.model_spec import ModelSpec
 from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint
 from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
+from maxtext_moe.config import model_file
 from maxtext_moe.errors import UserError
 
 OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
@@ -42,13 +44,12 @@ PROVENANCE = "maxtext_moe_conversion.json"
 WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def model_tree(model: str, overrides: list[str], *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
-  """(MaxText config, LeafPlans) for recipe `model` laid out on one device."""
-  from maxtext_moe.config.recipes import recipe_path
+def model_tree(spec: ModelSpec, *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
+  """(MaxText config, LeafPlans) of a model laid out on one device."""
   from maxtext_moe.upstream import config as upstream_config
   from maxtext_moe.upstream import model as upstream_model
 
-  cfg = upstream_config.resolved(recipe_path(model), [*upstream_model.ONE_DEVICE_OVERRIDES, *overrides])
+  cfg = upstream_config.resolved(spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides])
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
   abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]
@@ -81,11 +82,11 @@ def streamed_tree(
   return tree
 
 
-def leaf_dtypes(plans: list[deepseek.LeafPlan], ckpt: HFCheckpoint, out_dtype: np.dtype) -> list[np.dtype]:
-  """Each leaf's output dtype: the requested one, except that a tensor Hugging Face keeps in float32
-  (DeepSeek-V3's e_score_correction_bias) stays float32: converting must not lose precision the source kept."""
-  f32 = np.dtype(np.float32)
-  return [f32 if ckpt.tensors[next(p.slices())[0]].dtype == "F32" else out_dtype for p in plans]
+def leaf_dtypes(plans: list[deepseek.LeafPlan], out_dtype: np.dtype) -> list[np.dtype]:
+  """Each leaf's output dtype (README, "dtype rules"): `out_dtype` for matrices and norms, float32 for
+  DeepSeek-V3's e_score_correction_bias, which its checkpoints keep in float32 because routing
+  compares biased scores that differ in their low bits."""
+  return [np.dtype(np.float32) if deepseek.is_correction_bias(p) else out_dtype for p in plans]
 
 
 def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: str) -> set[str]:
@@ -136,9 +137,52 @@ def make_chunks(
       yield pending.popleft().result()
 
 
+def check_model(ckpt: HFCheckpoint, cfg: Any, spec: ModelSpec) -> None:
+  """config.json against the model, every difference at once; then MTP."""
+  problems = hf_config.mismatches(ckpt.config, cfg)
+  if problems:
+    raise UserError(
+      f"config.json of {ckpt.dir} differs from {spec.label}: {'; '.join(problems)}. Drop --model to take the "
+      "model from config.json (a key the model file sets needs override_model_config=true)"
+    )
+  mtp = int(ckpt.config.get("num_nextn_predict_layers", 0) or 0)
+  if cfg.mtp_num_layers > mtp:
+    raise UserError(
+      f"{spec.label} has mtp_num_layers={cfg.mtp_num_layers} but the checkpoint has {mtp} MTP layer(s); "
+      "pass mtp_num_layers=0 to convert without MTP"
+    )
+
+
+def _model_yaml_keys(cfg: Any, keys: dict[str, Any]) -> dict[str, Any]:
+  """The written model.yml: the config.json's keys as the resolved config has them (user overrides
+  such as mtp_num_layers=0 included)."""
+  return {k: v if k == "model_name" else getattr(getattr(cfg, k), "value", getattr(cfg, k)) for k, v in keys.items()}
+
+
+def check_request(out: str, *, dtype: str, force: bool) -> None:
+  """Bad requests both directions refuse before reading anything."""
+  if dtype not in OUT_DTYPES:
+    raise UserError(f"--dtype {dtype} is not one of {', '.join(OUT_DTYPES)}")
+  if Path(out).exists() and not force:
+    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
+
+
+def _ignored(ckpt: HFCheckpoint, used: set[str]) -> list[str]:
+  """HF tensors no leaf takes (an MTP module left out, ...), scales and known copies aside."""
+  skipped = (n for n in ckpt.tensors if n.endswith("_scale_inv") or deepseek.HF_SKIPPED.match(n))
+  return sorted(set(ckpt.tensors) - used - set(skipped))
+
+
+def _outputs(out: Path) -> dict[str, str]:
+  return {
+    "load_parameters_path": str(out.absolute() / "items"),
+    "model_file": str(out.absolute() / model_spec.MODEL_YAML),
+  }
+
+
 def hf_to_maxtext(
   hf_dir: str,
-  model: str,
+  model: str | None,
   out: str,
   *,
   overrides: list[str] = (),
@@ -146,45 +190,51 @@ def hf_to_maxtext(
   force: bool = False,
   max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS,
 ) -> dict[str, Any]:
-  """Converts a Hugging Face DeepSeek-V3 checkpoint to a MaxText parameter checkpoint at OUT/items.
-  `max_chunk_elems` bounds the unit written at once (tensors above it are cut into row blocks)."""
+  """Converts a Hugging Face DeepseekV3ForCausalLM checkpoint to a MaxText parameter checkpoint at
+  OUT/items, with OUT/model.yml and OUT/hf_config.json (`model_spec`). The model comes from config.json,
+  or is `model` (a recipe or model YAML) checked against it field by field. `max_chunk_elems` bounds the
+  unit written at once (tensors above it are cut into row blocks)."""
   from maxtext_moe.checkpoint.orbax_io import save_tree
 
-  if dtype not in OUT_DTYPES:
-    raise UserError(f"--dtype {dtype} is not one of {', '.join(OUT_DTYPES)}")
-  if Path(out).exists() and not force:
-    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
+  check_request(out, dtype=dtype, force=force)
   ckpt = HFCheckpoint(hf_dir)
-  cfg, plans = model_tree(model, list(overrides), max_chunk_elems=max_chunk_elems)
-  deepseek.check_config(ckpt.config, cfg, model=model)
-  used = check_hf_tensors(ckpt, plans, model)
+  keys = hf_config.model_keys(ckpt.config)
+  spec = (
+    model_spec.from_argument(model, list(overrides))
+    if model
+    else model_spec.from_hf_config(keys, list(overrides), hf_dir)
+  )
+  cfg, plans = model_tree(spec, max_chunk_elems=max_chunk_elems)
+  check_model(ckpt, cfg, spec)
+  used = check_hf_tensors(ckpt, plans, spec.label)
   quant = ckpt.config.get("quantization_config") or {}
   block = tuple(quant.get("weight_block_size", (128, 128)))
-  ignored = sorted(
-    n for n in ckpt.tensors if n not in used and not n.endswith("_scale_inv") and not deepseek.HF_SKIPPED.match(n)
-  )
+  ignored = _ignored(ckpt, used)
 
   def chunks(plan: deepseek.LeafPlan, leaf_dtype: np.dtype):
     return functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype, workers=WORKERS)
 
   bound_host_memory()
-  dtypes = leaf_dtypes(plans, ckpt, OUT_DTYPES[dtype])
+  dtypes = leaf_dtypes(plans, OUT_DTYPES[dtype])
   total = sum(int(np.prod(p.leaf.shape)) * d.itemsize for p, d in zip(plans, dtypes, strict=True))
   start = time.perf_counter()
   with staged_output(Path(out), force=force) as tmp, ByteProgress("hf -> maxtext", total, interactive()) as progress:
     save_tree(tmp, streamed_tree(plans, dtypes, chunks, progress.advance))
+    header = f"The model of {Path(hf_dir).absolute()}, read from its config.json by maxtext-moe convert."
+    model_file.write(tmp / model_spec.MODEL_YAML, _model_yaml_keys(cfg, keys), header=header)
+    (tmp / model_spec.SOURCE_CONFIG).write_text(json.dumps(ckpt.config, indent=2) + "\n")
     summary = {
       "direction": "hf-to-maxtext",
       "source": str(Path(hf_dir).absolute()),
-      "model": model,
+      "model": spec.label,
       "overrides": list(overrides),
-      "dtype": dtype,
+      "dtypes": {"matrices and norms": dtype, "e_score_correction_bias": "float32"},
       "leaves": len(plans),
       "bytes_written": progress.done,
       "seconds": round(time.perf_counter() - start, 3),
       "ignored_hf_tensors": ignored,
       "ignored_summary": _describe_ignored(ignored, cfg),
-      "load_parameters_path": str(Path(out).absolute() / "items"),
+      **_outputs(Path(out)),
     }
     (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2) + "\n")
   return summary

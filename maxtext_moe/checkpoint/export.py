@@ -1,22 +1,20 @@
 """`maxtext-moe convert maxtext-to-hf`: a MaxText parameter checkpoint -> Hugging Face safetensors, streamed.
 
 Reads one (layer, expert) slice of a leaf at a time (`orbax_io.LeafReader`), lays it out as the HF tensor
-(`deepseek.LeafPlan.to_hf`) and writes bf16 shards of at most --max-shard-gb plus the index and config.json,
-through `staging.staged_output`. Float32 1-D tensors (DeepSeek-V3's e_score_correction_bias) stay float32.
-Reads converted checkpoints and MaxText's own training checkpoints alike.
+(`deepseek.LeafPlan.to_hf`) and writes shards of at most --max-shard-gb plus the index and config.json
+(`hf_config.hf_config_for`: the source config.json carried forward, every architecture field from the
+model), through `staging.staged_output`. Reads converted checkpoints and MaxText's own training
+checkpoints alike.
 """
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from maxtext_moe.checkpoint import deepseek
-from maxtext_moe.checkpoint.convert import model_tree
+from maxtext_moe.checkpoint import deepseek, hf_config, model_spec
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.safetensors_io import write_shards
 from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
@@ -49,60 +47,75 @@ def _items_dir(ckpt_dir: str) -> Path:
   return items
 
 
-def maxtext_to_hf(
-  ckpt_dir: str, model: str, out: str, *, overrides: list[str] = (), force: bool = False, max_shard_gb: float = 5.0
-) -> dict[str, Any]:
-  """Writes a MaxText parameter checkpoint as Hugging Face safetensors (bf16; float32 leaves stay float32)."""
-  from maxtext_moe.checkpoint.orbax_io import LeafReader
-
-  if Path(out).exists() and not force:
-    raise UserError(f"output directory {Path(out).absolute()} already exists; pass --force to replace it")
-  items = _items_dir(ckpt_dir)
-  cfg, plans = model_tree(model, list(overrides))
-  reader = LeafReader(items)
-  stored = {}  # leaf path -> where this checkpoint keeps it
+def _stored_paths(reader: Any, plans: list[deepseek.LeafPlan], items: Path, label: str) -> dict:
+  """Leaf path -> where this checkpoint keeps it, every leaf present with the model's shape."""
+  stored = {}
   for plan in plans:
     path = stored[plan.leaf.path] = _stored_path(reader, plan.leaf.path)
     if path is None:
-      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {model}?")
+      raise UserError(f"{items} lacks {'/'.join(plan.leaf.path)}: is it a checkpoint of model {label}?")
     shape = reader.shape(path)
     if shape != plan.leaf.shape:
       raise UserError(
-        f"{'/'.join(plan.leaf.path)} has shape {list(shape)} in {items}, model {model} has {list(plan.leaf.shape)}"
+        f"{'/'.join(plan.leaf.path)} has shape {list(shape)} in {items}, model {label} has {list(plan.leaf.shape)}"
       )
+  return stored
 
-  bf16 = np.dtype(ml_dtypes.bfloat16)
 
-  def tensors() -> Iterator[tuple[str, np.ndarray]]:
-    copies = {}
-    for plan in plans:
-      path = stored[plan.leaf.path]
-      for name, index in plan.slices():
-        x = plan.to_hf(reader.read(path, index))
-        yield name, x if x.dtype == np.float32 and x.ndim == 1 else x.astype(bf16)
-      if plan.leaf.path[1:] in (("token_embedder", "embedding"), ("decoder", "logits_dense", "kernel")):
-        copies[plan.leaf.path[-2]] = plan  # the MTP layers ship copies of these two
-    for k in range(cfg.mtp_num_layers):
-      layer = cfg.num_decoder_layers + k
-      for key, hf_name in (("token_embedder", "embed_tokens"), ("logits_dense", "shared_head.head")):
-        plan = copies[key]
-        yield (
-          f"model.layers.{layer}.{hf_name}.weight",
-          plan.to_hf(reader.read(stored[plan.leaf.path])).astype(bf16),
-        )
+def _tensors(reader: Any, plans: list[deepseek.LeafPlan], stored: dict, cfg: Any, dtype: np.dtype):
+  """(HF name, array) of every tensor, in the dtype rules' dtypes; MTP layers get their copies of the
+  embedding and the output head."""
+  copies = {}
+  for plan in plans:
+    out_dtype = np.dtype(np.float32) if deepseek.is_correction_bias(plan) else dtype
+    for name, index in plan.slices():
+      yield name, plan.to_hf(reader.read(stored[plan.leaf.path], index)).astype(out_dtype)
+    if plan.leaf.path[1:] in (("token_embedder", "embedding"), ("decoder", "logits_dense", "kernel")):
+      copies[plan.leaf.path[-2]] = plan
+  for k in range(cfg.mtp_num_layers):
+    layer = cfg.num_decoder_layers + k
+    for key, hf_name in (("token_embedder", "embed_tokens"), ("logits_dense", "shared_head.head")):
+      plan = copies[key]
+      yield f"model.layers.{layer}.{hf_name}.weight", plan.to_hf(reader.read(stored[plan.leaf.path])).astype(dtype)
 
-  total = sum(int(np.prod(p.leaf.shape)) * 2 for p in plans)
+
+def maxtext_to_hf(
+  ckpt_dir: str,
+  model: str | None,
+  out: str,
+  *,
+  overrides: list[str] = (),
+  force: bool = False,
+  max_shard_gb: float = 5.0,
+  dtype: str = "bfloat16",
+) -> dict[str, Any]:
+  """Writes a MaxText parameter or training checkpoint as Hugging Face safetensors shards, the index and
+  config.json. The model is `model` (a recipe or model YAML) or the model.yml found next to the checkpoint
+  (`model_spec.for_export`). Matrices and norms in `dtype`, the correction bias in float32."""
+  from maxtext_moe.checkpoint.convert import OUT_DTYPES, check_request, model_tree
+  from maxtext_moe.checkpoint.orbax_io import LeafReader
+
+  check_request(out, dtype=dtype, force=force)
+  items = _items_dir(ckpt_dir)
+  spec = model_spec.for_export(model, items, list(overrides))
+  cfg, plans = model_tree(spec)
+  reader = LeafReader(items)
+  stored = _stored_paths(reader, plans, items, spec.label)
+  config = hf_config.hf_config_for(cfg, dtype=dtype, source=spec.source_config)
+  total = sum(int(np.prod(p.leaf.shape)) * OUT_DTYPES[dtype].itemsize for p in plans)
   bound_host_memory()
   start = time.perf_counter()
   with staged_output(Path(out), force=force) as tmp, ByteProgress("maxtext -> hf", total, interactive()) as progress:
     tmp.mkdir()
-    for nbytes in write_shards(tmp, tensors(), max_shard_bytes=int(max_shard_gb * 2**30)):
+    tensors = _tensors(reader, plans, stored, cfg, OUT_DTYPES[dtype])
+    for nbytes in write_shards(tmp, tensors, max_shard_bytes=int(max_shard_gb * 2**30)):
       progress.advance(nbytes)
-    (tmp / "config.json").write_text(json.dumps(deepseek.hf_config_for(cfg), indent=2, sort_keys=True) + "\n")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     summary = {
       "direction": "maxtext-to-hf",
       "source": str(items),
-      "model": model,
+      "model": spec.label,
+      "dtypes": {"matrices and norms": dtype, "e_score_correction_bias": "float32"},
       "bytes_written": progress.done,
       "seconds": round(time.perf_counter() - start, 3),
     }

@@ -6,8 +6,8 @@
   maxtext-moe flags RECIPE [key=value ...]      the recipe's XLA/NCCL environment as export lines
   maxtext-moe plan RECIPE [--gpus N] [--gpu-mem GiB]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
   maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
-  maxtext-moe convert hf-to-maxtext --hf DIR --model RECIPE --out DIR     HF DeepSeek-V3 -> MaxText
-  maxtext-moe convert maxtext-to-hf --ckpt DIR --model RECIPE --out DIR   MaxText -> HF (bf16)
+  maxtext-moe convert hf-to-maxtext --hf DIR --out DIR [--model RECIPE]   HF DeepseekV3 -> MaxText
+  maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
 wrong type, impossible layout) prints one line on standard error and exits with 2.

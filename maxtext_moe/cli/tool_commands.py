@@ -47,6 +47,14 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
   return 0
 
 
+def _size(nbytes: int) -> str:
+  """1,234,567 -> '1.2 MB' (decimal units, as disks are sold)."""
+  for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if nbytes >= scale:
+      return f"{nbytes / scale:.1f} {unit}"
+  return f"{nbytes} bytes"
+
+
 def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.checkpoint.host_memory import bound_host_memory
 
@@ -59,18 +67,20 @@ def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
     summary = convert.hf_to_maxtext(ns.hf, ns.model, ns.out, overrides=ns.overrides, dtype=ns.dtype, force=ns.force)
   else:
     if not ns.ckpt:
-      raise UserError("maxtext-to-hf needs --ckpt DIR (a MaxText parameter checkpoint)")
+      raise UserError("maxtext-to-hf needs --ckpt DIR (a MaxText parameter or training checkpoint)")
     summary = export.maxtext_to_hf(
-      ns.ckpt, ns.model, ns.out, overrides=ns.overrides, force=ns.force, max_shard_gb=ns.max_shard_gb
+      ns.ckpt, ns.model, ns.out, overrides=ns.overrides, force=ns.force, max_shard_gb=ns.max_shard_gb, dtype=ns.dtype
     )
-  print(
-    f"maxtext-moe: wrote {summary['bytes_written'] / 1e9:.2f} GB in {summary['seconds']:.1f} s to {ns.out}", file=out
-  )
+  print(f"maxtext-moe: wrote {_size(summary['bytes_written'])} in {summary['seconds']:.1f} s to {ns.out}", file=out)
   if summary.get("ignored_hf_tensors"):
     n = len(summary["ignored_hf_tensors"])
     print(f"maxtext-moe: left out {n} HF tensors this model has no place for: {summary['ignored_summary']}", file=out)
   if "load_parameters_path" in summary:
-    print(f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']}", file=out)
+    print(
+      f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']} "
+      f"model_file={summary['model_file']}",
+      file=out,
+    )
   return 0
 
 
@@ -125,21 +135,27 @@ def _register_convert(sub: argparse._SubParsersAction, common: argparse.Argument
   p = sub.add_parser(
     "convert",
     parents=[common],
-    help="convert DeepSeek-V3 checkpoints between Hugging Face and MaxText",
-    description="hf-to-maxtext: Hugging Face safetensors (BF16, or FP8 e4m3 with 128x128 weight_scale_inv "
-    "blocks, dequantized on the fly) -> a MaxText Orbax parameter checkpoint at OUT/items, for "
-    "load_parameters_path. maxtext-to-hf: the reverse, as bf16 safetensors shards + index + config.json. "
-    "Both stream one (layer, expert) slice at a time, check config and every tensor's shape before "
-    "writing, and write into a temporary directory renamed at the end.",
-    epilog="Example: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --model gb200-nvl72/deepseek3-671b "
-    "--out /ckpt/dsv3",
+    help="convert DeepseekV3ForCausalLM checkpoints between Hugging Face and MaxText",
+    description="hf-to-maxtext: Hugging Face safetensors (BF16, F32, or FP8 e4m3 with 128x128 "
+    "weight_scale_inv blocks, dequantized on the fly) -> a MaxText Orbax parameter checkpoint at OUT/items "
+    "(for load_parameters_path), with OUT/model.yml (the model read from config.json, for model_file) and "
+    "OUT/hf_config.json. Any DeepseekV3ForCausalLM works (DeepSeek-V3/R1/V3.1, Moonlight, Kimi-K2, ...): the "
+    "model comes from config.json, every architecture field mapped or named if MaxText cannot represent it. "
+    "maxtext-to-hf: the reverse, shards + index + config.json. Both stream one (layer, expert) slice at a "
+    "time, check every tensor before writing, and write into a temporary directory renamed at the end. "
+    "dtype rules: matrices and norms in --dtype, e_score_correction_bias always float32.",
+    epilog="Example: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --out /ckpt/dsv3",
   )
   p.add_argument("direction", choices=["hf-to-maxtext", "maxtext-to-hf"])
   p.add_argument("--hf", help="Hugging Face model directory (config.json + *.safetensors) to read")
-  p.add_argument("--ckpt", help="MaxText parameter checkpoint to read (OUT of hf-to-maxtext, or OUT/items)")
-  p.add_argument("--model", required=True, help="recipe whose model to use, e.g. gb200-nvl72/deepseek3-671b")
+  p.add_argument("--ckpt", help="MaxText checkpoint to read (OUT of hf-to-maxtext, OUT/items, or a training step)")
+  p.add_argument(
+    "--model",
+    help="hf-to-maxtext: a recipe whose model config.json must match (default: the model config.json describes); "
+    "maxtext-to-hf: a recipe or model.yml (default: the model.yml next to --ckpt)",
+  )
   p.add_argument("--out", required=True, help="directory to create")
-  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="hf-to-maxtext weight dtype")
+  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="matrices and norms (bfloat16)")
   p.add_argument("--max-shard-gb", type=float, default=5.0, help="maxtext-to-hf shard size (default 5)")
   p.add_argument("--force", action="store_true", help="replace OUT if it exists (after the new one is complete)")
   p.add_argument("overrides", nargs="*", metavar="key=value", help="model config overrides, as for train")

@@ -105,6 +105,16 @@ class PluginKeys(BaseModel):
     default_factory=list,
     description="More environment variables (KEY=VALUE) after the profile's, e.g. NCCL_DEBUG=INFO.",
   )
+  model_file: str = Field(
+    "",
+    description="A model YAML (written by 'maxtext-moe convert hf-to-maxtext' next to its checkpoint) whose "
+    "model keys replace the recipe's, e.g. to fine-tune a converted Moonlight or Kimi-K2 on a recipe's layout.",
+  )
+  mla_norm_epsilon: float = Field(
+    0.0,
+    description="Epsilon of MLA's q/kv low-rank norms; 0: normalization_layer_epsilon. transformers' DeepseekV3 "
+    "uses 1e-6 there whatever rms_norm_eps is, so models converted from Hugging Face set 1e-6.",
+  )
   finetune: bool = Field(
     False,
     description="A fine-tuning run: refuse to start unless load_parameters_path (or load_full_state_path) "

@@ -8,6 +8,7 @@ which reads XLA_FLAGS), once; the trainer is handed that object.
 import datetime
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,18 @@ def check_platform(cfg: Any, *, platform: str) -> None:
     )
 
 
+def _keep_model_file(cfg: Any, run_dir: Path) -> None:
+  """A run on a converted model keeps its model.yml (and source config.json), so that its checkpoints
+  export with `convert maxtext-to-hf --ckpt RUN/checkpoints/STEP` alone."""
+  from maxtext_moe.checkpoint.model_spec import MODEL_YAML, SOURCE_CONFIG  # pylint: disable=import-outside-toplevel
+
+  if cfg.model_file:
+    source = Path(cfg.model_file)
+    shutil.copyfile(source, run_dir / MODEL_YAML)
+    if (source.parent / SOURCE_CONFIG).is_file():
+      shutil.copyfile(source.parent / SOURCE_CONFIG, run_dir / SOURCE_CONFIG)
+
+
 def train(
   recipe: str | None, overrides: list[str], *, verbose: bool = False, out: IO[str] = sys.stdout
 ) -> dict[str, Any]:
@@ -142,6 +155,7 @@ def train(
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
   run_dir.mkdir(parents=True, exist_ok=True)
   (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
+  _keep_model_file(cfg, run_dir)
   recorder = RunRecorder(
     run_dir=run_dir,
     total_steps=cfg.steps,

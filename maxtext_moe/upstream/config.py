@@ -24,14 +24,17 @@ from maxtext.configs import pyconfig, types
 from maxtext.utils import globals as mt_globals
 from maxtext.utils import max_utils
 
-from maxtext_moe.config import checks, offload
+from maxtext_moe.config import checks, model_file, offload
 from maxtext_moe.config.keys import PluginKeys
 from maxtext_moe.data import corpus
 from maxtext_moe.errors import UserError
 
 # Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
 # MaxText keys DeepSeek-V3 routing (sigmoid + bias, group-limited top-k) on that prefix.
-PLUGIN_MODEL_NAMES = ("deepseek3-proxy-16b",)
+PLUGIN_MODEL_NAMES = ("deepseek3-proxy-16b", "deepseek3-from-hf")
+# MaxText's derived keys that a user sets by mistake (MaxText overwrites them), with the key to set instead.
+_BASE_OF = {k: f"base_{k}" for k in ("emb_dim", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "num_query_heads")}
+_BASE_OF["num_kv_heads"] = "base_num_kv_heads"
 
 
 class MoEMaxTextConfig(PluginKeys, types.MaxTextConfig):
@@ -87,6 +90,7 @@ class LayerKeys:
   their defaults) and a few of MaxText's, as the layers and overrides set them."""
 
   plugin: PluginKeys
+  model_overrides: list[str]  # the model YAML's keys (plugin key model_file), as key=value
   run_name: str
   run_name_set: bool  # by a YAML layer or an override, not left to MaxText's default
   base_output_directory: str
@@ -105,18 +109,40 @@ def _layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
   return None if isinstance(value, str) and value.lower() == "none" else value
 
 
+def _refuse_derived(overrides: list[str]) -> None:
+  """A key MaxText derives (emb_dim from base_emb_dim and global_parameter_scale, ...) would be silently
+  overwritten: say which key to set instead."""
+  derived = types.DerivedValues.model_fields
+  for item in overrides:
+    key = item.partition("=")[0]
+    if key in derived:
+      hint = f"set {_BASE_OF[key]} instead" if key in _BASE_OF else "it cannot be set"
+      raise UserError(f"{key} is derived by MaxText from other keys and would be ignored; {hint}")
+
+
+def _merged(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
+  return omegaconf.OmegaConf.merge(
+    pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
+    omegaconf.OmegaConf.from_cli(list(overrides)),
+  )
+
+
 def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
   """Reads the launcher's keys from the YAML layers and overrides, without MaxText's validation (no JAX).
+  A `model_file` file's keys join the overrides, before the user's own.
 
   Raises:
-    UserError: one line for a bad value of one of these keys, or an unreadable YAML layer.
+    UserError: one line for a bad value of one of these keys, a derived key set, a bad model YAML, or an
+      unreadable YAML layer.
   """
   install_resolvers()
+  _refuse_derived(overrides)
   try:
-    merged = omegaconf.OmegaConf.merge(
-      pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
-      omegaconf.OmegaConf.from_cli(list(overrides)),
-    )
+    merged = _merged(config_path, overrides)
+    model_path = _layer_value(merged, "model_file")
+    model_overrides = model_file.as_overrides(model_file.read(model_path)) if model_path else []
+    if model_overrides:
+      merged = _merged(config_path, [*model_overrides, *overrides])
     raw = {k: _layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, "run_name", "base_output_directory")}
     raw |= {k: _layer_value(merged, k) for k in ("model_name", "dump_hlo")}
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
@@ -124,6 +150,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     raise UserError(one_line(e)) from e
   return LayerKeys(
     plugin=plugin,
+    model_overrides=model_overrides,
     run_name=str(raw["run_name"] or ""),
     run_name_set=bool(raw["run_name"]),
     base_output_directory=str(raw["base_output_directory"] or ""),
@@ -133,8 +160,9 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
 
 
 def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys) -> list[str]:
-  """The argv MaxText resolves: the offload preset's keys, then the user's overrides (so theirs win)."""
-  return ["", str(config_path), *offload.preset_overrides(keys.plugin.offload), *overrides]
+  """The argv MaxText resolves: the offload preset's keys and the model YAML's, then the user's overrides
+  (so theirs win)."""
+  return ["", str(config_path), *offload.preset_overrides(keys.plugin.offload), *keys.model_overrides, *overrides]
 
 
 _UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")

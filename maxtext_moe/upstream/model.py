@@ -22,8 +22,8 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import moe_layer
-from maxtext_moe.upstream.patches import installed
+from maxtext_moe.upstream import mla_norm, moe_layer
+from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
 ONE_DEVICE_OVERRIDES = [
@@ -36,6 +36,11 @@ ONE_DEVICE_OVERRIDES = [
 ]
 
 Leaf = tuple[tuple[str, ...], tuple[int, ...], tuple[str | None, ...]]
+
+
+def model_patches() -> list[Patch]:
+  """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon."""
+  return [*moe_layer.patches(), *mla_norm.patches()]
 
 
 def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:
@@ -67,7 +72,7 @@ def load_and_forward(cfg: Any, params_path: str, tokens: Any) -> jax.Array:
   params = checkpointing.load_params_from_path(params_path, abstract, cfg.checkpoint_storage_concurrent_gb)
   tokens = jnp.asarray(tokens, jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  with installed(moe_layer.patches()), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
+  with installed(model_patches()), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
     out = model.apply(
       params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
     )
@@ -84,7 +89,7 @@ def routed_moe_layer(cfg: Any) -> tuple[Callable, Callable, Any, jax.Array, Call
 
   def run_ctx() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
-    stack.enter_context(installed(moe_layer.patches()))
+    stack.enter_context(installed(model_patches()))
     stack.enter_context(jax.set_mesh(mesh))
     stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
     return stack

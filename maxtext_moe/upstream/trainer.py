@@ -20,8 +20,8 @@ from maxtext.trainers.pre_train import train
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream import moe_layer
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
+from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed, original
 
 
@@ -92,7 +92,7 @@ def _patches(run: _Run) -> list[Patch]:
       run.hooks.step(int(step), scalars | run.moe_metrics())
 
   return [
-    *moe_layer.patches(),
+    *model_patches(),
     Patch(pyconfig, "initialize", initialize),
     Patch(train, "loss_fn", wrapped_loss_fn),
     Patch(train, "warmup_programs", wrapped_warmup),
