@@ -33,7 +33,7 @@ find_python() {
   done
   local root="${PYENV_ROOT:-$HOME/.pyenv}"
   command -v pyenv >/dev/null 2>&1 && root="$(pyenv root)"
-  for c in $(ls -d "$root"/versions/3.1[2-9]* 2>/dev/null | sort -rV); do
+  for c in $(find "$root/versions" -mindepth 1 -maxdepth 1 -name '3.1[2-9]*' 2>/dev/null | sort -rV); do
     is_py312 "$c/bin/python" && { echo "$c/bin/python"; return 0; }
   done
   return 1

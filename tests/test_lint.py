@@ -1,4 +1,4 @@
-"""scripts/lint.sh passes: ruff format and check, yamllint on configs, codespell."""
+"""scripts/lint.sh passes: ruff format and check, yamllint on configs, codespell, shellcheck."""
 
 import shutil
 import subprocess

@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 from maxtext_moe.moe.block import moe_block, routed_experts
 from maxtext_moe.moe.collectives import ragged_all_to_all_reference
 from maxtext_moe.moe.dispatch import LocalDispatcher
-from maxtext_moe.moe.settings import DispatchKind, MoESettings, resolve_dispatch
+from maxtext_moe.moe.settings import DispatchKind, MoESettings
 
 T, D, F, E, K = 64, 16, 24, 8, 3
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -159,11 +159,7 @@ def test_capacity_overflow_is_counted_not_silent():
   assert float(stats["dropped"]) == 8 * (8 - 3) * K
 
 
-def test_auto_dispatch_per_platform_and_ragged_refuses_capacity():
-  assert resolve_dispatch("auto", ep=1, platform="gpu") == DispatchKind.LOCAL
-  assert resolve_dispatch("auto", ep=8, platform="gpu") == DispatchKind.RAGGED_ALL_TO_ALL
-  assert resolve_dispatch("auto", ep=8, platform="cpu") == DispatchKind.ALL_TO_ALL
-  assert resolve_dispatch("auto", ep=8, capacity_factor=1.5, platform="gpu") == DispatchKind.ALL_TO_ALL
+def test_ragged_refuses_capacity():
   x, ids, weights = _tokens()
   with pytest.raises(ValueError, match="always dropless"):
     _run(x, ids, weights, _weights(), ep=2, dispatch=DispatchKind.RAGGED_ALL_TO_ALL, cf=1.0)

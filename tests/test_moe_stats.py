@@ -64,7 +64,10 @@ def test_step_metrics_sum_micro_batches_and_take_the_worst_load():
   assert stats.step_metrics([], row_bytes=256, capacity_factor=0.0) == {}
 
 
-def test_a_drop_stops_a_dropless_run_and_is_counted_with_a_capacity():
+def test_a_drop_stops_a_run_unless_allowed_with_a_capacity():
   with pytest.raises(stats.DroplessViolation, match="dropped 3 assignments; this is a bug"):
     stats.step_metrics([_entry(dropped=3)], row_bytes=4, capacity_factor=0.0)
-  assert stats.step_metrics([_entry(dropped=3)], row_bytes=4, capacity_factor=1.25)["moe/tokens_dropped"] == 3.0
+  with pytest.raises(stats.CapacityOverflow, match="3 token-to-expert assignments did not fit moe_capacity_factor"):
+    stats.step_metrics([_entry(dropped=3)], row_bytes=4, capacity_factor=1.25)
+  got = stats.step_metrics([_entry(dropped=3)], row_bytes=4, capacity_factor=1.25, allow_drops=True)
+  assert got["moe/tokens_dropped"] == 3.0

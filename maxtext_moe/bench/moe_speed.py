@@ -55,14 +55,24 @@ def _sq_grad(fn):
 
 
 def gemm_efficiency(
-  backends: list[GemmBackend], *, rounds: int = 5, reps: int = 3, shape: dict[str, int] = GEMM, dtype=jnp.float32
+  backends: list[GemmBackend] | dict[str, dict[str, Any]],
+  *,
+  rounds: int = 5,
+  reps: int = 3,
+  shape: dict[str, int] = GEMM,
+  dtype=jnp.float32,
+  sizes_E: jax.Array | None = None,
 ) -> dict[str, dict[str, float]]:
-  """{backend: {"fwd": dense_time / time, "fwd_bwd": ...}} at the GEMM proxy shape.
+  """{label: {"fwd": dense_time / time, "fwd_bwd": ...}} at `shape`: `backends` is a list of backends or
+  {label: grouped_matmul keywords} (e.g. {"te fp8": {"backend": "te", "quantization": "fp8"}});
+  `sizes_E` replaces the uniform random routing's group sizes.
 
   On a shared 2-core VM single timings swing by 2x (measured fwd+bwd ratios of 0.36 to 0.63 in four
   back-to-back runs), so each round times the dense baseline and the backend next to each other (best of
   `reps` calls each) and the result is the median of the per-round ratios."""
   x, w, sizes = _gemm_inputs(shape=shape, dtype=dtype)
+  sizes = sizes if sizes_E is None else sizes_E
+  variants = backends if isinstance(backends, dict) else {str(b): {"backend": b} for b in backends}
   slow = _REPS if jax.default_backend() == "cpu" else set()
 
   def dense(x, w2, s):  # one [D, F] weight: the same FLOPs as the grouped GEMM, forward and backward
@@ -71,37 +81,39 @@ def gemm_efficiency(
   w2 = w[0]
   dense_fns = (jax.jit(dense), _sq_grad(dense))
   out = {}
-  for backend in backends:
+  for label, kwargs in variants.items():
 
-    def gmm(x, w, s, backend=backend):
-      return grouped_matmul(x, w, s, backend=backend)
+    def gmm(x, w, s, kwargs=kwargs):
+      return grouped_matmul(x, w, s, **kwargs)
 
     fns = (jax.jit(gmm), _sq_grad(gmm))
-    n_rounds, n = (1, 2) if backend in slow else (rounds, reps)
+    n_rounds, n = (1, 2) if GemmBackend(kwargs["backend"]) in slow else (rounds, reps)
     ratios = {"fwd": [], "fwd_bwd": []}
     for _ in range(n_rounds):
       for key, dense_fn, fn in zip(ratios, dense_fns, fns, strict=True):
         base = time_call(dense_fn, x, w2, sizes, reps=reps, best=True)
         ratios[key].append(base / time_call(fn, x, w, sizes, reps=n, best=True))
-    out[str(backend)] = {k: statistics.median(v) for k, v in ratios.items()}
+    out[label] = {k: statistics.median(v) for k, v in ratios.items()}
   return out
 
 
-def layer_times(*, reps: int = 3) -> tuple[dict[str, float], dict[str, float]]:
+LAYER_VARIANTS = {
+  "maxtext_sparse": ["moe_impl=maxtext", "sparse_matmul=true"],
+  "maxtext_dense": ["moe_impl=maxtext", "sparse_matmul=false"],
+  "ours": ["moe_impl=dropless", "sparse_matmul=true"],
+}
+
+
+def layer_times(*, reps: int = 3, overrides: list[str] = LAYER_OVERRIDES) -> tuple[dict[str, float], dict[str, float]]:
   """Seconds per forward+backward of MaxText's RoutedMoE: stock sparse, stock dense, ours (same params),
   and each variant's max |output - dense output| as a check that they compute the same layer."""
   from maxtext_moe.config.recipes import DEFAULT_RECIPE, recipe_path
   from maxtext_moe.upstream.config import resolved
   from maxtext_moe.upstream.model import routed_moe_layer
 
-  variants = {
-    "maxtext_sparse": ["moe_impl=maxtext", "sparse_matmul=true"],
-    "maxtext_dense": ["moe_impl=maxtext", "sparse_matmul=false"],
-    "ours": ["moe_impl=dropless", "sparse_matmul=true"],
-  }
   times, outputs = {}, {}
-  for name, extra in variants.items():
-    cfg = resolved(recipe_path(DEFAULT_RECIPE), [*LAYER_OVERRIDES, *extra])
+  for name, extra in LAYER_VARIANTS.items():
+    cfg = resolved(recipe_path(DEFAULT_RECIPE), [*overrides, *extra])
     fwd, fwd_bwd, params, x, ctx = routed_moe_layer(cfg)
     with ctx():
       outputs[name] = fwd(params, x)
@@ -153,7 +165,7 @@ def run(*, out: IO[str], as_json: bool = False, backends: list[str] | None = Non
 
   from maxtext_moe.config import flags
 
-  chosen = [GemmBackend(b) for b in (backends or ["tiled", "ragged_dot", "tokamax"])]
+  chosen = [GemmBackend(b) for b in (backends or ["tiled", "ragged_dot", "tokamax"])]  # te: gpu_check.py, bf16
   eff = gemm_efficiency(chosen)
   times, diffs = layer_times()
   dedup = dedup_measurement()

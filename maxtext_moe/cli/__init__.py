@@ -8,6 +8,7 @@
   maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
   maxtext-moe convert hf-to-maxtext --hf DIR --out DIR [--model RECIPE]   HF DeepseekV3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
+  maxtext-moe doctor [--json]                   GPU/TE/NCCL facts here, and what `auto` picks and why
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
 wrong type, impossible layout) prints one line on standard error and exits with 2.

@@ -1,4 +1,4 @@
-"""The commands around training: plan (memory), bench (benchmarks), convert (checkpoints)."""
+"""The commands around training: plan (memory), bench (benchmarks), convert (checkpoints), doctor."""
 
 import argparse
 import json
@@ -40,9 +40,13 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
     from maxtext_moe.bench import moe_speed
     from maxtext_moe.config import flags
     from maxtext_moe.launch import environment
+    from maxtext_moe.moe.settings import detect_platform
+    from maxtext_moe.upstream import te
 
     if jax.default_backend() == "cpu":  # measure under the allocator settings `train` runs with on CPU
       environment.apply(flags.profile("cpu"))
+    if "te" in (ns.backends or []) and not detect_platform().te_gemm:
+      raise UserError(f"bench moe --backends te needs Transformer Engine on a GPU ({te.status().reason or 'no GPU'})")
     moe_speed.run(out=out, as_json=ns.json, backends=ns.backends)
   return 0
 
@@ -82,6 +86,30 @@ def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
       file=out,
     )
   return 0
+
+
+def _doctor(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.launch import doctor
+
+  report = doctor.probe()
+  print(json.dumps(report) if ns.json else doctor.table(report), file=out)
+  return 0
+
+
+def _register_doctor(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "doctor",
+    parents=[common],
+    help="what this machine offers the MoE block, and what moe_dispatch/moe_gemm_backend=auto pick here",
+    description="One table: platform and GPU compute capability, jax/jaxlib, devices per process, NCCL, "
+    "whether Transformer Engine imports (and why not), whether TE's NCCL EP can serve a job from this "
+    "process (SM90+, NCCL 2.30.4+, one GPU per process, 2+ processes), whether this backend compiles "
+    "ragged_all_to_all, and which grouped GEMM and dispatch `auto` picks here and why. Run it inside the "
+    "job's own launcher (one process per GPU) to see what a training process sees.",
+    epilog="Example: srun -N1 -n8 maxtext-moe doctor --json",
+  )
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+  p.set_defaults(func=_doctor)
 
 
 def _register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -166,3 +194,4 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   _register_plan(sub, common)
   _register_bench(sub, common)
   _register_convert(sub, common)
+  _register_doctor(sub, common)

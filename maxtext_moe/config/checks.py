@@ -8,7 +8,7 @@ the plugin's pydantic config class (see `upstream.config`), after MaxText's own 
 import math
 from typing import Any
 
-from maxtext_moe.moe.settings import check_dispatch
+from maxtext_moe.moe.settings import check_dispatch, check_quantization
 
 _ICI = "ici_"
 _DCN = "dcn_"
@@ -114,6 +114,9 @@ def check_dropless_block_applies(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {fix}")
   ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
   check_dispatch(cfg.moe_dispatch, ep=ep, capacity_factor=cfg.moe_capacity_factor)
+  if str(cfg.moe_gemm_backend) != "auto":  # `auto` is checked at launch, once the platform is known
+    dispatch = None if str(cfg.moe_dispatch) == "auto" else cfg.moe_dispatch
+    check_quantization(cfg.moe_gemm_quantization, cfg.moe_gemm_backend, dispatch)
   unsupported = {
     "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
     "mlp_bias": bool(cfg.mlp_bias),

@@ -10,7 +10,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from maxtext_moe.config.offload import OffloadPreset
-from maxtext_moe.moe.settings import DispatchKind, GemmBackend
+from maxtext_moe.moe.settings import DispatchKind, GemmBackend, GemmQuantization
 
 
 class Hardware(StrEnum):
@@ -63,20 +63,32 @@ class PluginKeys(BaseModel):
   moe_dispatch: DispatchKind = Field(
     DispatchKind.AUTO,
     description="Token dispatch, deduplicated per destination rank: local (no expert parallelism), "
-    "all_to_all (portable, moves padded worst-case buffers), ragged_all_to_all (only real rows on the wire; "
-    "GPU/TPU, XLA:CPU lacks it), auto (local at EP=1; else ragged_all_to_all on GPU/TPU, all_to_all on CPU "
-    "or with a capacity).",
+    "all_to_all (portable; padded worst-case buffers on the wire), ragged_all_to_all (only real rows on the "
+    "wire; GPU/TPU, slow on XLA:GPU), te_ep (Transformer Engine's NCCL EP; one GPU per process), auto "
+    "(local at EP=1; on GPU te_ep where TE's EP can serve the job, else all_to_all; ragged_all_to_all on TPU; "
+    "all_to_all on CPU). 'maxtext-moe doctor' says what auto picks here and why.",
   )
   moe_gemm_backend: GemmBackend = Field(
     GemmBackend.AUTO,
     description="Grouped GEMM: tiled (portable: one size-bucketed row window per expert), ragged_dot (jax.lax), "
-    "tokamax, "
-    "auto (tiled on CPU, ragged_dot elsewhere).",
+    "tokamax, te (Transformer Engine's grouped_dense; GPU), auto (on GPU te where TE imports, else tiled; "
+    "ragged_dot on TPU; tiled on CPU).",
+  )
+  moe_gemm_quantization: GemmQuantization = Field(
+    GemmQuantization.NONE,
+    description="Number format of the te grouped GEMM: none (bf16), fp8 (e4m3/e5m2, current scaling; SM89+) "
+    "or mxfp8 (SM100+). Needs moe_gemm_backend te (or auto resolving to it).",
   )
   moe_capacity_factor: float = Field(
     0.0,
     description="<= 0: dropless (buffers sized for the worst case). > 0: all_to_all buffers hold "
-    "ceil(factor * tokens * top_k / EP) rows per rank; overflow is counted in moe/tokens_dropped.",
+    "ceil(factor * tokens * top_k / EP) rows per rank, te_ep's receive buffer factor times balanced routing's "
+    "need (>= 1); a step that overflows stops the run unless moe_allow_drops is true.",
+  )
+  moe_allow_drops: bool = Field(
+    False,
+    description="With moe_capacity_factor > 0: let assignments past the capacity be dropped (counted in "
+    "moe/tokens_dropped each step) instead of stopping the run.",
   )
   progress: Progress = Field(Progress.AUTO, description="Per-step progress display of the launcher.")
   metrics_jsonl: str = Field(

@@ -119,6 +119,46 @@ def check_platform(cfg: Any, *, platform: str) -> None:
     )
 
 
+def check_moe_path(cfg: Any) -> None:
+  """The GPU fast path's requirements (TE, one GPU per process, the layout TE EP serves, FP8 support),
+  checked once the backend is up and before anything is compiled: one line each, with the fix."""
+  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import moe_layer, te  # pylint: disable=import-outside-toplevel
+
+  if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
+    raise UserError(f"te_moe_block=true needs Transformer Engine, which does not import here: {te.status().reason}")
+  if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
+    return
+  dispatch, gemm = moe_layer.resolved_kinds(cfg)
+  try:
+    if dispatch == settings.DispatchKind.TE_EP:
+      reasons = te.ep_unready_reasons()
+      if reasons:
+        raise UserError(
+          f"moe_dispatch=te_ep cannot run here: {'; '.join(reasons)} (maxtext-moe doctor says more); "
+          "launch one process per GPU, or use moe_dispatch=auto"
+        )
+      settings.check_te_ep_layout(moe_layer.mesh_axis_sizes(cfg), num_experts=cfg.num_experts)
+    if gemm == settings.GemmBackend.TE and (jax_platform() != "gpu" or not te.status().available):
+      raise UserError(
+        f"moe_gemm_backend=te needs Transformer Engine on a GPU ({te.status().reason or 'not a GPU'}); "
+        "use moe_gemm_backend=auto"
+      )
+    settings.check_quantization(cfg.moe_gemm_quantization, gemm, dispatch)
+    if str(cfg.moe_gemm_quantization) != "none":
+      supported, why = te.scaling_mode_supported(str(cfg.moe_gemm_quantization))
+      if not supported:
+        raise UserError(f"moe_gemm_quantization={cfg.moe_gemm_quantization} is not supported on this GPU: {why}")
+  except ValueError as e:
+    raise UserError(str(e)) from e
+
+
+def jax_platform() -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.default_backend()
+
+
 def _keep_model_file(cfg: Any, run_dir: Path) -> None:
   """A run on a converted model keeps its model.yml (and source config.json), so that its checkpoints
   export with `convert maxtext-to-hf --ckpt RUN/checkpoints/STEP` alone."""
@@ -152,6 +192,7 @@ def train(
   cfg = launch.resolve()
   check_visible_devices(cfg, visible=jax.device_count())
   check_platform(cfg, platform=jax.default_backend())
+  check_moe_path(cfg)
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
   run_dir.mkdir(parents=True, exist_ok=True)
   (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")

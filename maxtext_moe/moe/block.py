@@ -7,6 +7,10 @@ Routing (scores, top-k, bias) stays with the caller, so MaxText's DeepSeek-V3 ro
 Shape legend: T tokens, K top-k, D model dim, F expert hidden dim, E experts, R rows.
 """
 
+import dataclasses
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
@@ -17,6 +21,8 @@ from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, RaggedAllToAllDispatcher
 from maxtext_moe.moe.gemm import grouped_matmul
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
+from maxtext_moe.moe.te_ep import TeEpDispatcher, te_ep_block
+from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu": jax.nn.gelu, "relu": jax.nn.relu}
 _WI_0, _WI_1, _WO = rules.REMAT_NAMES
@@ -24,7 +30,14 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
   """The one grouped-GEMM call site, tagged with MaxText's remat name for the output."""
-  out = grouped_matmul(rows_RD, w_EDF, group_sizes_E, backend=settings.gemm, window_sizes_L=settings.window_sizes)
+  out = grouped_matmul(
+    rows_RD,
+    w_EDF,
+    group_sizes_E,
+    backend=settings.gemm,
+    window_sizes_L=settings.window_sizes,
+    quantization=settings.quantization,
+  )
   return checkpoint_name(out, name)
 
 
@@ -47,12 +60,23 @@ def routed_experts(
   return y_TD, dispatcher.stats(ids_TK)
 
 
-def make_dispatcher(settings: MoESettings, *, num_experts: int, ep: int, expert_axis: str | None) -> Dispatcher:
+def make_dispatcher(
+  settings: MoESettings, *, num_experts: int, ep: int, expert_axis: str | None, tokens_per_rank: int = 0
+) -> Dispatcher | TeEpDispatcher:
   """The dispatcher `settings` asks for on this platform (`settings.resolve_dispatch` decides `auto`)."""
   kind = rules.resolve_dispatch(
-    settings.dispatch, ep=ep, platform=jax.default_backend(), capacity_factor=settings.capacity_factor
+    settings.dispatch, ep=ep, platform=rules.detect_platform(), capacity_factor=settings.capacity_factor
   )
   rules.check_dispatch(kind, ep=ep, capacity_factor=settings.capacity_factor)
+  if kind == DispatchKind.TE_EP:
+    capacity = settings.te_recv_capacity or te.recv_capacity(
+      num_experts=num_experts,
+      top_k=settings.top_k,
+      tokens_per_rank=tokens_per_rank,
+      ep_size=ep,
+      factor=settings.capacity_factor,
+    )
+    return TeEpDispatcher(num_experts, ep, capacity)
   if kind == DispatchKind.LOCAL:
     return LocalDispatcher(num_experts)
   if kind == DispatchKind.RAGGED_ALL_TO_ALL:
@@ -66,6 +90,15 @@ def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
   return jnp.bincount(ids_TK.reshape(-1), length=num_experts).astype(jnp.float32)
 
 
+def _token_axes(mesh: Mesh, num_tokens: int) -> tuple[str, ...]:
+  """Mesh axes of size > 1, over which tokens are split evenly."""
+  token_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+  n_shards = math.prod(mesh.shape[a] for a in token_axes)
+  if num_tokens % n_shards:
+    raise ValueError(f"MoE block: {num_tokens} tokens do not split evenly over {n_shards} devices")
+  return token_axes
+
+
 def moe_block(
   x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, expert_axis: str | None, settings: MoESettings
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -73,17 +106,31 @@ def moe_block(
   the dispatcher's (see `Dispatcher.stats`) and `load`, the [E] assignments per expert.
 
   Tokens are split over all mesh axes of size > 1 (T must divide evenly); expert weights are split over
-  `expert_axis` (size EP) and replicated over the rest.
+  `expert_axis` (size EP) and replicated over the rest. te_ep runs its dispatch and combine on the mesh
+  itself (`te_ep.te_ep_block`).
   """
   num_experts = w0_EDF.shape[0]
   ep = mesh.shape[expert_axis] if expert_axis else 1
-  token_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
-  n_shards = 1
-  for a in token_axes:
-    n_shards *= mesh.shape[a]
-  if x_TD.shape[0] % n_shards:
-    raise ValueError(f"MoE block: {x_TD.shape[0]} tokens do not split evenly over {n_shards} devices")
-  dispatcher = make_dispatcher(settings, num_experts=num_experts, ep=ep, expert_axis=expert_axis)
+  token_axes = _token_axes(mesh, x_TD.shape[0])
+  tokens_per_rank = x_TD.shape[0] // math.prod(mesh.shape[a] for a in token_axes)
+  settings = dataclasses.replace(settings, top_k=ids_TK.shape[1])
+  dispatcher = make_dispatcher(
+    settings, num_experts=num_experts, ep=ep, expert_axis=expert_axis, tokens_per_rank=tokens_per_rank
+  )
+  if isinstance(dispatcher, TeEpDispatcher):
+    experts = functools.partial(expert_mlp, settings=settings)
+    y, stats = te_ep_block(
+      dispatcher,
+      experts,
+      x_TD,
+      ids_TK,
+      weights_TK,
+      (w0_EDF, w1_EDF, wo_EFD),
+      mesh=mesh,
+      token_axes=token_axes,
+      expert_axis=expert_axis,
+    )
+    return y, stats | {"load": expert_load(ids_TK, num_experts=num_experts)}
   tok = P(token_axes or None)
   wspec = P(expert_axis if ep > 1 else None)
 

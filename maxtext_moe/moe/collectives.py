@@ -14,6 +14,8 @@ debugging aid, never the production path (the dispatcher defaults to `jax.lax.ra
 Shape legend: N operand rows, M output rows, P ranks (the mapped axis), G = P * slices per rank.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -71,3 +73,23 @@ def ragged_all_to_all_reference(
     mask = inside_M.reshape((-1,) + (1,) * (output.ndim - 1))
     result = jnp.where(mask, operands_PN[q][src_row_M], result)
   return result
+
+
+@functools.cache
+def has_ragged_all_to_all() -> bool:
+  """Whether this backend compiles `jax.lax.ragged_all_to_all` (XLA:CPU does not), tried on one device."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  def exchange(x):
+    zero, rows = jnp.zeros((1,), jnp.int32), jnp.full((1,), x.shape[0], jnp.int32)
+    return jax.lax.ragged_all_to_all(x, jnp.zeros_like(x), zero, rows, zero, rows, axis_name="probe")
+
+  mesh = Mesh(np.array(jax.local_devices()[:1]), ("probe",))
+  fn = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+  try:
+    fn.lower(jax.ShapeDtypeStruct((8, 2), jnp.float32)).compile()
+  except Exception:  # pylint: disable=broad-except  # XlaRuntimeError (UNIMPLEMENTED) where the HLO is missing
+    return False
+  return True

@@ -16,6 +16,8 @@ Backends:
   History: fixed tiles of (128, 16) rows reached ~0.45 of dense (fwd) on 2 CPU cores, because at ~128
   rows per expert most rows fell into 16-row tiles that re-read the weight each time.
 - `tokamax`: `tokamax.ragged_dot`, which picks a Pallas/Mosaic kernel on GPU/TPU where one applies.
+- `te`: Transformer Engine's `grouped_dense` (GPU; `upstream.te`, the TE seam, which imports nothing of
+  ours): BF16, or FP8 / MXFP8 through TE's quantizer sets (`quantization`).
 - `auto`: `settings.resolve_backend` decides.
 Shape legend: R rows, D in dim, F out dim, E experts, M window rows, L window sizes.
 """
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from maxtext_moe.moe.permute import WindowPlan, window_plan, window_sizes
-from maxtext_moe.moe.settings import GemmBackend, resolve_backend
+from maxtext_moe.moe.settings import GemmBackend, detect_platform, resolve_backend
 
 
 def _window(rows: jax.Array, plan: WindowPlan, e: jax.Array, m: int, group_sizes_E: jax.Array):
@@ -103,6 +105,7 @@ def grouped_matmul(
   *,
   backend: GemmBackend | str = GemmBackend.AUTO,
   window_sizes_L: tuple[int, ...] | None = None,
+  quantization: str = "none",
 ) -> jax.Array:
   """out[r] = rows[r] @ w[e(r)], where rows are sorted by expert and group_sizes_E[e] rows belong to e.
 
@@ -113,11 +116,12 @@ def grouped_matmul(
     backend: a `GemmBackend`.
     window_sizes_L: the `tiled` backend's static window sizes, ascending (default
       `permute.window_sizes(R)`); sizes above R are dropped and R is always added.
+    quantization: the `te` backend's number format (`settings.GemmQuantization`).
 
   Returns:
     [R, F] in rows_RD's dtype.
   """
-  backend = resolve_backend(backend, platform=jax.default_backend())
+  backend = resolve_backend(backend, platform=detect_platform())
   group_sizes_E = group_sizes_E.astype(jnp.int32)
   if backend == GemmBackend.RAGGED_DOT:
     return lax.ragged_dot(rows_RD, w_EDF, group_sizes_E)
@@ -132,4 +136,8 @@ def grouped_matmul(
     import tokamax  # pylint: disable=import-outside-toplevel
 
     return tokamax.ragged_dot(rows_RD, w_EDF, group_sizes_E)
+  if backend == GemmBackend.TE:
+    from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module: it imports nothing of ours
+
+    return te.grouped_dense(rows_RD, w_EDF, group_sizes_E, quantization=str(quantization))
   raise ValueError(f"unknown grouped GEMM backend {backend!r}")

@@ -7,6 +7,7 @@ sizes) are imported by the config checks, the block, the planner and the benchma
 Shape legend: T tokens per device, K top-k, P expert-parallel ranks.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ class DispatchKind(StrEnum):
   AUTO = "auto"  # see resolve_dispatch
   LOCAL = "local"  # no expert parallelism
   ALL_TO_ALL = "all_to_all"  # portable; padded worst-case buffers on the wire
-  RAGGED_ALL_TO_ALL = "ragged_all_to_all"  # only real rows on the wire; GPU/TPU
+  RAGGED_ALL_TO_ALL = "ragged_all_to_all"  # only real rows on the wire; XLA's NCCL send/recv on GPU
+  TE_EP = "te_ep"  # Transformer Engine's NCCL EP: fused dispatch/combine, one GPU per process
 
 
 class GemmBackend(StrEnum):
@@ -29,6 +31,37 @@ class GemmBackend(StrEnum):
   RAGGED_DOT = "ragged_dot"
   TILED = "tiled"
   TOKAMAX = "tokamax"
+  TE = "te"  # Transformer Engine's grouped_dense (GPU): BF16, FP8 or MXFP8
+
+
+class GemmQuantization(StrEnum):
+  """The grouped GEMM's number format (`te` backend only; TE's quantizer sets)."""
+
+  NONE = "none"  # the activations' dtype (bf16 on GPU)
+  FP8 = "fp8"  # e4m3 forward, e5m2 gradients, per-tensor current scaling; SM89+
+  MXFP8 = "mxfp8"  # e4m3 with E8M0 scales per 32 values; SM100+ (Blackwell)
+
+
+@dataclass(frozen=True)
+class Platform:
+  """What the `auto` policy knows of where the block runs (launch.doctor probes it)."""
+
+  name: str  # jax.default_backend(): "cpu", "gpu" or "tpu"
+  te_gemm: bool = False  # TE's grouped_dense imports here
+  te_ep: bool = False  # TE's NCCL EP can serve this job: SM90+, NCCL >= 2.30.4, one GPU per process, >= 2 of them
+
+
+@functools.cache
+def detect_platform() -> Platform:
+  """This process's Platform (probed once): TE's grouped GEMM where TE imports on a GPU, TE's EP where it can serve the
+  job (`upstream.te.ep_unready_reasons`). Starts the JAX backend."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module
+
+  name = jax.default_backend()
+  gpu = name == "gpu"
+  return Platform(name, te_gemm=gpu and te.status().available, te_ep=gpu and not te.ep_unready_reasons())
 
 
 # MaxText's remat names for the block's three GEMM outputs (`checkpoint_name` tags), so its custom remat
@@ -44,34 +77,51 @@ class MoESettings:
   gemm: GemmBackend = GemmBackend.AUTO
   capacity_factor: float = 0.0
   activation: str = "silu"
+  quantization: GemmQuantization = GemmQuantization.NONE
+  te_recv_capacity: int = 0  # te_ep: rows each rank receives, as bootstrapped (0: TE's sizing for this call)
+  top_k: int = 0  # set by the block from the routing it is given
   # The ragged dispatcher's collective; None: jax.lax.ragged_all_to_all. Tests on XLA:CPU pass
   # collectives.ragged_all_to_all_reference.
   ragged_exchange: Callable | None = None
   window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
 
 
-def resolve_dispatch(kind: DispatchKind | str, *, ep: int, platform: str, capacity_factor: float = 0.0) -> DispatchKind:
-  """Turns `auto` into a concrete dispatcher: local without EP; with EP, ragged_all_to_all where XLA has
-  it (GPU/TPU) unless a capacity is set, else the portable all_to_all.
+def _platform(platform: Platform | str) -> Platform:
+  return platform if isinstance(platform, Platform) else Platform(platform)
 
-  Example: resolve_dispatch("auto", ep=8, platform="cpu") -> DispatchKind.ALL_TO_ALL.
+
+def resolve_dispatch(
+  kind: DispatchKind | str, *, ep: int, platform: Platform | str, capacity_factor: float = 0.0
+) -> DispatchKind:
+  """Turns `auto` into a concrete dispatcher. Without EP: local. With EP on a GPU: te_ep where TE's NCCL
+  EP can serve the job, else the portable all_to_all, never ragged_all_to_all (XLA:GPU runs it as NCCL
+  send/recv: about 2% of NVLink on 8 B200s, its one-shot kernel handles at most 8 peers and crashed above
+  32 ranks; DESIGN.md). On a TPU ragged_all_to_all unless a capacity is set; on CPU all_to_all.
+
+  Example: resolve_dispatch("auto", ep=8, platform=Platform("gpu", te_ep=True)) -> DispatchKind.TE_EP.
   """
-  kind = DispatchKind(kind)
+  kind, platform = DispatchKind(kind), _platform(platform)
   if kind != DispatchKind.AUTO:
     return kind
   if ep == 1:
     return DispatchKind.LOCAL
-  if platform == "cpu" or capacity_factor > 0:
-    return DispatchKind.ALL_TO_ALL
-  return DispatchKind.RAGGED_ALL_TO_ALL
+  if platform.name == "gpu":
+    return DispatchKind.TE_EP if platform.te_ep else DispatchKind.ALL_TO_ALL
+  if platform.name == "tpu" and capacity_factor <= 0:
+    return DispatchKind.RAGGED_ALL_TO_ALL
+  return DispatchKind.ALL_TO_ALL
 
 
-def resolve_backend(backend: GemmBackend | str, *, platform: str) -> GemmBackend:
-  """Turns `auto` into a concrete grouped-GEMM backend: tiled on CPU, ragged_dot elsewhere."""
-  backend = GemmBackend(backend)
+def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> GemmBackend:
+  """Turns `auto` into a concrete grouped GEMM. On a GPU: te where TE imports, else tiled, never
+  ragged_dot (XLA:GPU rewrites it to a dense dot by default: about 25 TFLOP/s on a B200, DESIGN.md).
+  On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled."""
+  backend, platform = GemmBackend(backend), _platform(platform)
   if backend != GemmBackend.AUTO:
     return backend
-  return GemmBackend.TILED if platform == "cpu" else GemmBackend.RAGGED_DOT
+  if platform.name == "gpu":
+    return GemmBackend.TE if platform.te_gemm else GemmBackend.TILED
+  return GemmBackend.RAGGED_DOT if platform.name == "tpu" else GemmBackend.TILED
 
 
 def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float) -> None:
@@ -81,6 +131,50 @@ def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float)
     raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
   if kind == DispatchKind.RAGGED_ALL_TO_ALL and capacity_factor > 0:
     raise ValueError("moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0 or use all_to_all")
+  if kind == DispatchKind.TE_EP and ep < 2:
+    raise ValueError(f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto")
+  if kind == DispatchKind.TE_EP and 0 < capacity_factor < 1:
+    raise ValueError(f"moe_dispatch=te_ep takes moe_capacity_factor 0 (dropless) or >= 1, got {capacity_factor}")
+
+
+def check_te_ep_layout(axis_sizes: dict[str, int], *, num_experts: int, expert_axis: str = "expert") -> None:
+  """TE's NCCL EP splits tokens over (one of data or fsdp, expert) and nothing else: its leading spec is
+  (outer, ep). Raises ValueError (one line, with the fix) for a layout it cannot serve."""
+  ep = axis_sizes.get(expert_axis, 1)
+  others = {a: n for a, n in axis_sizes.items() if n > 1 and a != expert_axis}
+  outer = [a for a in others if a in TE_EP_OUTER_AXES]
+  if ep < 2:
+    raise ValueError(f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto")
+  if num_experts % ep:
+    raise ValueError(f"moe_dispatch=te_ep needs the {num_experts} experts to divide evenly over EP={ep}")
+  if len(outer) > 1 or len(others) > len(outer):
+    layout = ", ".join(f"{a}={n}" for a, n in others.items())
+    raise ValueError(
+      f"moe_dispatch=te_ep splits tokens over expert and at most one of data or fsdp, not {layout}; "
+      "fold the rest into fsdp (or use moe_dispatch=all_to_all)"
+    )
+
+
+TE_EP_OUTER_AXES = ("data", "fsdp")  # MaxText's names for TE's dp_resource and fsdp_resource
+
+
+def check_quantization(
+  quantization: GemmQuantization | str, backend: GemmBackend | str, dispatch: DispatchKind | str | None = None
+) -> None:
+  """FP8 and MXFP8 are TE's: a quantized grouped GEMM needs the te backend. MXFP8 also needs every group
+  128-row aligned (TE 2.20's V2 kernel reads the wrong scales otherwise), which only te_ep's receive
+  buffer guarantees."""
+  quantization = GemmQuantization(quantization)
+  if quantization != GemmQuantization.NONE and GemmBackend(backend) != GemmBackend.TE:
+    raise ValueError(
+      f"moe_gemm_quantization={quantization} needs moe_gemm_backend=te (Transformer Engine's quantized "
+      f"grouped GEMM), not {backend}"
+    )
+  if quantization == GemmQuantization.MXFP8 and dispatch is not None and DispatchKind(dispatch) != DispatchKind.TE_EP:
+    raise ValueError(
+      f"moe_gemm_quantization=mxfp8 needs 128-row aligned expert groups, which only moe_dispatch=te_ep gives "
+      f"(this run uses {dispatch}); use fp8 or none"
+    )
 
 
 def capacity(num_tokens: int, top_k: int, *, num_ranks: int, capacity_factor: float) -> int:
@@ -98,7 +192,8 @@ def routed_rows(
   kind: DispatchKind | str, num_tokens: int, top_k: int, *, num_ranks: int, capacity_factor: float
 ) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
-  local T x K; all_to_all P x capacity x K; ragged_all_to_all T x P x K."""
+  local T x K; all_to_all P x capacity x K; ragged_all_to_all and te_ep T x P x K (TE's dropless receive
+  capacity, before its 128-row alignment per local expert)."""
   kind = DispatchKind(kind)
   if kind == DispatchKind.LOCAL:
     return num_tokens * top_k

@@ -26,6 +26,10 @@ class DroplessViolation(RuntimeError):
   """The dropless block dropped a token: a bug in this package, never a setting."""
 
 
+class CapacityOverflow(RuntimeError):
+  """A step routed more assignments than moe_capacity_factor leaves room for, and drops are not allowed."""
+
+
 def reduce_layers(per_name: Mapping[str, list[jax.Array]]) -> dict[str, jax.Array]:
   """{name: [one leaf per layer group]} -> scalars summed over layers, `load` as [L, E] (any leaf layout:
   a scanned group's leaf holds all its layers)."""
@@ -67,15 +71,23 @@ class StatsChannel:
       return [self._queue.popleft() for _ in range(micro_batches)]
 
 
-def step_metrics(entries: list[dict[str, np.ndarray]], *, row_bytes: int, capacity_factor: float) -> dict[str, float]:
+def step_metrics(
+  entries: list[dict[str, np.ndarray]], *, row_bytes: int, capacity_factor: float, allow_drops: bool = False
+) -> dict[str, float]:
   """The moe/* scalars of one step from its micro-batches' entries: counts summed, the load ratio the
-  worst micro-batch's. Raises DroplessViolation when a dropless run (capacity_factor <= 0) dropped."""
+  worst micro-batch's. Raises DroplessViolation when a dropless run (capacity_factor <= 0) dropped, and
+  CapacityOverflow when a run with a capacity dropped without `allow_drops`."""
   if not entries:
     return {}
   total = {name: float(sum(e[name] for e in entries)) for name in SCALARS}
   if total["dropped"] and capacity_factor <= 0:
     raise DroplessViolation(
       f"the dropless MoE block dropped {total['dropped']:.0f} assignments; this is a bug, please report it"
+    )
+  if total["dropped"] and not allow_drops:
+    raise CapacityOverflow(
+      f"{total['dropped']:.0f} token-to-expert assignments did not fit moe_capacity_factor={capacity_factor}; "
+      "raise it, set moe_capacity_factor=0 (dropless), or moe_allow_drops=true to drop and count them"
     )
   return {
     "moe/load_max_over_mean": max(load_max_over_mean(e[LOAD]) for e in entries),

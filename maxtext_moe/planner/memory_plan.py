@@ -137,7 +137,7 @@ class _Context:
   hbm_gib: float | None
   host_gib: float | None
   leaves: list
-  platform: str
+  platform: Any  # moe.settings.Platform
 
 
 def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: float | None) -> tuple[_Context, Any]:
@@ -161,8 +161,17 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   # The parameter tree's shapes do not depend on the layout: trace it once, on one device.
   one_device = upstream_config.resolved(path, [*base_overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
   leaves = upstream_model.param_leaves(one_device)
-  platform = "cpu" if str(cfg.hardware) == "cpu" else "gpu"
-  return _Context(path, base_overrides, n, hbm, spec.host_gib if spec else None, leaves, platform), cfg
+  return _Context(path, base_overrides, n, hbm, spec.host_gib if spec else None, leaves, _target(cfg)), cfg
+
+
+def _target(cfg: Any) -> Any:
+  """The platform a recipe is planned for: a GPU recipe runs in our container (TE imports) with one process
+  per GPU (our launchers), so `auto` there means te / te_ep, whatever this machine has."""
+  from maxtext_moe.moe.settings import Platform  # pylint: disable=import-outside-toplevel
+
+  if str(cfg.hardware) == "cpu":
+    return Platform("cpu")
+  return Platform("gpu", te_gemm=True, te_ep=True)
 
 
 def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:

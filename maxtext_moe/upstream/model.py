@@ -22,7 +22,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mla_norm, moe_layer
+from maxtext_moe.upstream import mla_norm, moe_layer, te
 from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
@@ -72,7 +72,8 @@ def load_and_forward(cfg: Any, params_path: str, tokens: Any) -> jax.Array:
   params = checkpointing.load_params_from_path(params_path, abstract, cfg.checkpoint_storage_concurrent_gb)
   tokens = jnp.asarray(tokens, jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  with installed(model_patches()), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
+  moe_layer.prepare_te_ep(cfg)
+  with installed(model_patches()), te.shard_guard(), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
     out = model.apply(
       params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
     )
@@ -86,10 +87,12 @@ def routed_moe_layer(cfg: Any) -> tuple[Callable, Callable, Any, jax.Array, Call
   `fwd(params, x)` returns the layer output; `fwd_bwd(params, x)` returns grads of sum(y^2) for the layer's
   parameters and x (both jitted). `run_ctx()` enters MaxText's mesh, logical axis rules and our patch."""
   mesh = maxtext_utils.get_mesh_from_config(cfg)
+  moe_layer.prepare_te_ep(cfg)
 
   def run_ctx() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     stack.enter_context(installed(model_patches()))
+    stack.enter_context(te.shard_guard())
     stack.enter_context(jax.set_mesh(mesh))
     stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
     return stack

@@ -9,26 +9,84 @@ untouched, so checkpoints stay interchangeable with stock MaxText. With `moe_imp
 through to MaxText's own method.
 """
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from maxtext.layers import moe as mt_moe
+from maxtext.utils import maxtext_utils
 
 from maxtext_moe.config.keys import MoEImpl
 from maxtext_moe.moe.block import moe_block
-from maxtext_moe.moe.settings import MoESettings
+from maxtext_moe.moe.settings import (
+  DispatchKind,
+  GemmBackend,
+  MoESettings,
+  detect_platform,
+  resolve_backend,
+  resolve_dispatch,
+)
 from maxtext_moe.moe.stats import INTERMEDIATE_PREFIX
+from maxtext_moe.upstream import te
 from maxtext_moe.upstream.patches import Patch, original
 
 
+def expert_parallelism(cfg: Any) -> int:
+  return max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
+
+
+def mesh_axis_sizes(cfg: Any) -> dict[str, int]:
+  """MaxText's mesh for this config, as {axis: size}."""
+  return dict(maxtext_utils.get_mesh_from_config(cfg).shape)
+
+
+def resolved_kinds(cfg: Any) -> tuple[DispatchKind, GemmBackend]:
+  """What `auto` becomes for this config on this platform."""
+  ep, cf = expert_parallelism(cfg), float(cfg.moe_capacity_factor)
+  dispatch = resolve_dispatch(cfg.moe_dispatch, ep=ep, platform=detect_platform(), capacity_factor=cf)
+  return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
+
+
 def settings_from_config(cfg: Any) -> MoESettings:
+  dispatch, gemm = resolved_kinds(cfg)
   return MoESettings(
-    dispatch=cfg.moe_dispatch,
-    gemm=cfg.moe_gemm_backend,
+    dispatch=dispatch,
+    gemm=gemm,
     capacity_factor=float(cfg.moe_capacity_factor),
     activation=cfg.mlp_activations[0],
+    quantization=cfg.moe_gemm_quantization,
+    te_recv_capacity=te.bootstrapped_capacity(),
+  )
+
+
+def prepare_te_ep(cfg: Any) -> None:
+  """Bootstraps TE's NCCL EP, once per process and before the step is traced, when this config runs
+  te_ep: sized for the largest per-rank batch the process will dispatch (training or eval micro-batch),
+  dropless unless a capacity is set. With a capacity TE drops what overflows and counts it
+  (total_recv_tokens), and the host stops the run on it unless moe_allow_drops (moe.stats.step_metrics):
+  TE's other mode traps on the device, which would end the job without a word."""
+  if resolved_kinds(cfg)[0] != DispatchKind.TE_EP:
+    return
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+  ranks = math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp", "expert"))  # TE EP's token split
+  batch = max(int(cfg.micro_batch_size_to_train_on), int(cfg.micro_batch_size_to_eval_on or 0))
+  tokens = -(-batch // ranks) * int(cfg.max_target_length)
+  capacity = te.recv_capacity(
+    num_experts=cfg.num_experts,
+    top_k=cfg.num_experts_per_tok,
+    tokens_per_rank=tokens,
+    ep_size=mesh.shape["expert"],
+    factor=float(cfg.moe_capacity_factor),
+  )
+  te.bootstrap(
+    mesh,
+    num_experts=cfg.num_experts,
+    tokens_per_rank=tokens,
+    capacity=capacity,
+    hidden_dim=cfg.emb_dim,
+    drop=float(cfg.moe_capacity_factor) > 0,
   )
 
 

@@ -20,6 +20,7 @@ from maxtext.trainers.pre_train import train
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.moe import stats as moe_stats
+from maxtext_moe.upstream import moe_layer, te
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed, original
@@ -45,7 +46,12 @@ class _Run:
     cfg = self.config
     entries = self.channel.pop_step(max(int(cfg.gradient_accumulation_steps), 1))
     row_bytes = int(cfg.emb_dim) * cfg.dtype.itemsize
-    return moe_stats.step_metrics(entries, row_bytes=row_bytes, capacity_factor=float(cfg.moe_capacity_factor))
+    return moe_stats.step_metrics(
+      entries,
+      row_bytes=row_bytes,
+      capacity_factor=float(cfg.moe_capacity_factor),
+      allow_drops=bool(cfg.moe_allow_drops),
+    )
 
 
 def _collect_stats(aux: dict) -> dict[str, jax.Array] | None:
@@ -104,7 +110,8 @@ def _patches(run: _Run) -> list[Patch]:
 def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks) -> None:
   """Runs MaxText's pre-training loop in this process on `cfg`, with our block and hooks installed."""
   run = _Run(hyperparameters(cfg), hooks)
+  moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed(_patches(run)):
+  with installed(_patches(run)), te.shard_guard():
     train.main(["", "<config resolved by maxtext-moe>"])
