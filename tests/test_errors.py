@@ -7,7 +7,7 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.config import checks, recipes
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch.train import check_platform, check_visible_devices
+from maxtext_moe.launch.preflight import check_platform, check_visible_devices
 
 TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 
@@ -50,6 +50,10 @@ def test_device_count_must_match_the_recipe(upstream_config):
   with pytest.raises(UserError, match="recipe lays out 8 devices but 1 are visible"):
     check_visible_devices(cfg, visible=1)
   check_visible_devices(cfg, visible=8)
+  with pytest.raises(
+    UserError, match="recipe lays out 8 devices but 4 are visible to 4 processes; start one process per GPU"
+  ):
+    check_visible_devices(cfg, visible=4, processes=4)
 
 
 def test_ragged_dispatch_is_refused_on_cpu(upstream_config):

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.config import recipes
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch.train import check_moe_path
+from maxtext_moe.launch.preflight import check_moe_path
 from maxtext_moe.moe.settings import (
   DispatchKind,
   GemmBackend,

@@ -19,9 +19,15 @@ COMMON = [
 ]
 
 
-def _train(tmp_path, name, *extra, devices=1):
-  r = run_cli(["train", f"run_name={name}", *COMMON, *extra], cwd=tmp_path, devices=devices)
+def _train(tmp_path, name, *extra, devices=1, processes=1):
+  """One run; with processes > 1 through `maxtext-moe launch`, each process with `devices` CPU devices."""
+  launch = ["launch", "--nproc-per-node", str(processes), "--"] if processes > 1 else []
+  r = run_cli([*launch, "train", f"run_name={name}", *COMMON, *extra], cwd=tmp_path, devices=devices)
   assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+  if processes > 1:  # one start line per process; the rest of the output from process 0 alone
+    for i in range(processes):
+      assert f"maxtext-moe: process {i}/{processes} on " in r.stderr
+    assert r.stdout.count("run summary") == 1 and f"in {processes} processes" in r.stdout
   return read_jsonl(tmp_path / "runs" / name / "metrics.jsonl")
 
 
@@ -40,10 +46,21 @@ def test_dropless_block_matches_stock_maxtext(tmp_path):
   assert all("moe/tokens_dropped" not in r for r in stock), "stock MaxText does not run our block"
 
 
-def test_expert_parallel_8_matches_fsdp_8_in_the_trainer(tmp_path):
-  ep1 = _train(tmp_path, "ep1", "per_device_batch_size=1", devices=8)
+def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path):
+  """EP=8 over two `maxtext-moe launch` processes of 4 CPU devices each (gloo collectives): the
+  all-to-all crosses the process boundary; the training equals FSDP=8 in one process. MaxText's synthetic
+  batch is the same global batch however many processes load it (the grain pipeline shards files by
+  process and chunks them after, so its batches differ with the process count)."""
+  ep1 = _train(tmp_path, "ep1", "per_device_batch_size=1", "dataset_type=synthetic", devices=8)
   ep8 = _train(
-    tmp_path, "ep8", "per_device_batch_size=1", "ici_expert_parallelism=8", "ici_fsdp_parallelism=1", devices=8
+    tmp_path,
+    "ep8",
+    "per_device_batch_size=1",
+    "dataset_type=synthetic",
+    "ici_expert_parallelism=8",
+    "ici_fsdp_parallelism=1",
+    devices=4,
+    processes=2,
   )
   _assert_same_training(ep8, ep1)
   for row in ep8:

@@ -41,7 +41,7 @@ def test_presets_set_maxtexts_keys_and_user_overrides_win(upstream_config):
 def test_preset_without_pinned_host_memory_is_refused(monkeypatch):
   import jax
 
-  from maxtext_moe.launch.train import check_platform
+  from maxtext_moe.launch.preflight import check_platform
 
   class NoHost:
     def memory(self, kind):

@@ -1,6 +1,7 @@
 """The `maxtext-moe` command line.
 
   maxtext-moe train [RECIPE] [key=value ...]    run MaxText's trainer on a recipe (default: tiny CPU model)
+  maxtext-moe launch --nproc-per-node N -- train RECIPE ...   one process per GPU on this node
   maxtext-moe config RECIPE [key=value ...]     the resolved config (YAML) and what our layers changed
   maxtext-moe recipes                           the shipped recipes
   maxtext-moe flags RECIPE [key=value ...]      the recipe's XLA/NCCL environment as export lines
@@ -9,6 +10,7 @@
   maxtext-moe convert hf-to-maxtext --hf DIR --out DIR [--model RECIPE]   HF DeepseekV3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
   maxtext-moe doctor [--json]                   GPU/TE/NCCL facts here, and what `auto` picks and why
+  maxtext-moe k8s RECIPE --nodes N --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
 wrong type, impossible layout) prints one line on standard error and exits with 2.
@@ -48,10 +50,11 @@ def _process_defaults() -> None:
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   ns, extra = parser.parse_known_args(argv)
-  if extra:  # key=value overrides may follow convert's options; anything else is an error
-    if getattr(ns, "command", None) != "convert" or any(a.startswith("-") or "=" not in a for a in extra):
+  if extra:  # key=value overrides may follow a command's options; anything else is an error
+    target = "overrides" if getattr(ns, "command", None) == "convert" else "args" if hasattr(ns, "args") else None
+    if target is None or any(a.startswith("-") or "=" not in a for a in extra):
       parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    ns.overrides = [*ns.overrides, *extra]
+    setattr(ns, target, [*getattr(ns, target), *extra])
   _process_defaults()
   with routed_stdout(verbose=ns.verbose) as out:
     try:

@@ -24,11 +24,30 @@ def _needs_recipe(args: list[str], command: str) -> tuple[str, list[str]]:
 
 
 def _train(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.launch.train import train
+  from maxtext_moe.launch.train import Distributed, train
 
   recipe, overrides = split_recipe(ns.args)
-  train(recipe, overrides, verbose=ns.verbose, out=out)
+  if ns.init_timeout <= 0:
+    raise UserError(f"--init-timeout must be > 0 seconds, got {ns.init_timeout}")
+  dist = Distributed(ns.coordinator, ns.num_processes, ns.process_id, ns.local_rank, ns.init_timeout)
+  train(recipe, overrides, verbose=ns.verbose, out=out, dist=dist)
   return 0
+
+
+def _launch(ns: argparse.Namespace, out: IO[str]) -> int:
+  import os
+
+  from maxtext_moe.launch import supervisor
+
+  command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+  job = supervisor.plan(
+    dict(os.environ),
+    nproc_per_node=ns.nproc_per_node,
+    nnodes=ns.nnodes,
+    node_rank=ns.node_rank,
+    coordinator=ns.coordinator,
+  )
+  return supervisor.supervise(job, command, env=dict(os.environ), stdout=out)
 
 
 def _config(ns: argparse.Namespace, out: IO[str]) -> int:
@@ -66,7 +85,7 @@ def _flags(ns: argparse.Namespace, out: IO[str]) -> int:
   return 0
 
 
-def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def _register_jobs(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
   p = sub.add_parser(
     "train",
     parents=[common],
@@ -77,8 +96,43 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "rerunning with the same run_name resumes from the last checkpoint.",
   )
   p.add_argument("args", nargs="*", metavar="[RECIPE] [key=value]")
+  g = p.add_argument_group(
+    "multi-process jobs",
+    "One process per GPU. Found by itself under SLURM (srun, one task per GPU) and under 'maxtext-moe launch' "
+    "(and so in our Kubernetes manifests); otherwise give all three of --coordinator, --num-processes and "
+    "--process-id. Process 0 writes the metrics, plot and summary; every process prints one line at start.",
+  )
+  g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's host and a free port on it")
+  g.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+  g.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
+  g.add_argument("--local-rank", type=int, metavar="R", help="this process's GPU on its node (default 0)")
+  g.add_argument("--init-timeout", type=int, default=300, metavar="S", help="seconds to wait for the coordinator (300)")
   p.set_defaults(func=_train)
 
+  p = sub.add_parser(
+    "launch",
+    parents=[common],
+    help="start one process per GPU on this node and supervise them",
+    description="Run COMMAND (a maxtext-moe command, usually 'train RECIPE ...') once per GPU on this node, "
+    "each child told the coordinator, the process count (nodes x N), its process id and its GPU. SIGTERM and "
+    "SIGINT are forwarded to every child; if one fails, the others are stopped and launch exits non-zero "
+    "naming it. The node rank is --node-rank, else JOB_COMPLETION_INDEX (Kubernetes indexed Job/JobSet), "
+    "else 0. Under SLURM use srun instead: it starts one task per GPU itself.",
+    epilog="Example: maxtext-moe launch --nproc-per-node 8 -- train h200x8/deepseek3-proxy-16b steps=100",
+  )
+  p.add_argument("--nproc-per-node", type=int, required=True, metavar="N", help="processes (GPUs) on this node")
+  p.add_argument("--nnodes", type=int, help="nodes in the job (default: MAXTEXT_MOE_NNODES, else 1)")
+  p.add_argument("--node-rank", type=int, help="this node, 0..nnodes-1 (default: JOB_COMPLETION_INDEX, else 0)")
+  p.add_argument(
+    "--coordinator",
+    metavar="HOST:PORT",
+    help="node 0's address and a free port (default: MAXTEXT_MOE_COORDINATOR; one node: a free local port)",
+  )
+  p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="e.g. -- train RECIPE key=value")
+  p.set_defaults(func=_launch)
+
+
+def _register_inspection(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
   p = sub.add_parser(
     "config",
     parents=[common],
@@ -113,3 +167,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     description="List configs/recipes/<hw>/<model>, one per line (on a terminal the default is marked).",
   )
   p.set_defaults(func=_recipes)
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  _register_jobs(sub, common)
+  _register_inspection(sub, common)

@@ -88,6 +88,64 @@ def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
   return 0
 
 
+def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
+  import re
+
+  import yaml
+
+  from maxtext_moe.launch import k8s
+
+  recipe, overrides = split_recipe(ns.args)
+  if recipe is None:
+    raise UserError("k8s needs a RECIPE (see 'maxtext-moe recipes')")
+  name = ns.name or re.sub(r"[^a-z0-9-]+", "-", recipe.split("/")[-1].lower()).strip("-")
+  request = k8s.Request(
+    name=name,
+    recipe=recipe,
+    overrides=overrides,
+    nodes=ns.nodes,
+    image=ns.image,
+    kind=ns.kind,
+    gpus_per_node=ns.gpus_per_node,
+    checkpoint_claim=ns.checkpoint_claim,
+    max_restarts=ns.max_restarts,
+  )
+
+  class _NoAliases(yaml.SafeDumper):  # repeated label maps written out, not as &id001 anchors
+    def ignore_aliases(self, data):
+      return True
+
+  print(yaml.dump_all(k8s.for_recipe(request), Dumper=_NoAliases, sort_keys=False), end="", file=out)
+  return 0
+
+
+def _register_k8s(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "k8s",
+    parents=[common],
+    help="write the Kubernetes manifests (JobSet, or indexed Job + Service) for a training job",
+    description="Print, as YAML, the manifests that train RECIPE on NODES nodes of the recipe's GPUs: one pod "
+    "per node running 'maxtext-moe launch --nproc-per-node G -- train RECIPE ...' from IMAGE, with the "
+    "coordinator and node count set, the recipe's XLA/NCCL environment, a memory-backed /dev/shm and a "
+    "PersistentVolumeClaim at /checkpoints (base_output_directory). The recipe and overrides are resolved "
+    "first, so a bad key fails here. --kind jobset (default) needs the JobSet controller, which restarts the "
+    "whole job on a failure (up to --max-restarts); --kind job is an indexed Job plus a headless Service.",
+    epilog="Example: maxtext-moe k8s gb200-nvl72/deepseek3-671b --nodes 18 --image REGISTRY/maxtext-moe:0.1.0 "
+    "| kubectl apply -f -",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--nodes", type=int, required=True, help="nodes (pods), one per GPU node")
+  p.add_argument("--image", required=True, help="the maxtext-moe image (docker/build.sh)")
+  p.add_argument(
+    "--kind", choices=["jobset", "job"], default="jobset", help="JobSet (default) or indexed Job + Service"
+  )
+  p.add_argument("--name", help="object name (default: from the recipe)")
+  p.add_argument("--gpus-per-node", type=int, help="default: 8 for h100/h200/b200, 4 for gb200/gb300")
+  p.add_argument("--checkpoint-claim", default="maxtext-moe-checkpoints", help="PVC mounted at /checkpoints")
+  p.add_argument("--max-restarts", type=int, default=3, help="jobset: whole-job restarts on failure (3)")
+  p.set_defaults(func=_k8s)
+
+
 def _doctor(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.launch import doctor
 
@@ -195,3 +253,4 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   _register_bench(sub, common)
   _register_convert(sub, common)
   _register_doctor(sub, common)
+  _register_k8s(sub, common)

@@ -64,13 +64,14 @@ def profile(name: str) -> FlagSet:
   return out
 
 
-def for_config(cfg: Any) -> FlagSet:
+def for_config(cfg: Any, *, keep_process_flags: bool = True) -> FlagSet:
   """The profile chosen by `flag_profile` (auto: the recipe's hardware), then XLA flags already in this
-  process's XLA_FLAGS (the user's), then `xla_flags_extra` / `env_extra`; a later flag of the same name wins.
-  `cfg` is anything with those four keys: a resolved config, or the launch keys read before resolving."""
+  process's XLA_FLAGS (the user's; not with keep_process_flags=False, for another machine's environment),
+  then `xla_flags_extra` / `env_extra`; a later flag of the same name wins. `cfg` is anything with those
+  four keys: a resolved config, or the launch keys read before resolving."""
   name = str(cfg.flag_profile)
   flags = FlagSet() if name == "disabled" else profile(str(cfg.recipe_hardware) if name == "auto" else name)
-  if flags.xla_flags:  # keep what the user already set (e.g. --xla_force_host_platform_device_count)
+  if flags.xla_flags and keep_process_flags:  # keep what the user set (e.g. --xla_force_host_platform_device_count)
     flags.add_flags(os.environ.get("XLA_FLAGS", "").split())
   for item in cfg.env_extra:
     key, sep, value = str(item).partition("=")

@@ -64,6 +64,7 @@ class RunRecorder:
   plot_name: str = "loss.png"
   progress: str = "auto"
   stream: IO[str] = field(default_factory=lambda: sys.stdout)
+  writer: bool = True  # in a multi-process job only process 0 writes the files and prints
   start_step: int = 0
   rows: list[dict[str, Any]] = field(default_factory=list)
   _file: IO[str] | None = None
@@ -77,6 +78,8 @@ class RunRecorder:
     """Called by MaxText's MetricLogger once the checkpoint (if any) is restored."""
     del config
     self.start_step = start_step
+    if not self.writer:
+      return
     self.run_dir.mkdir(parents=True, exist_ok=True)
     kept = [r for r in read_jsonl(self.metrics_path) if r["step"] < start_step]
     _rewrite_jsonl(self.metrics_path, kept)
@@ -87,6 +90,8 @@ class RunRecorder:
     """One logged training step's scalars (MaxText's and the moe/* ones)."""
     row = step_row(step, scalars, num_devices=self.num_devices)
     self.rows.append(row)
+    if not self.writer:
+      return
     assert self._file is not None
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
@@ -121,7 +126,10 @@ class RunRecorder:
       print(f"step {row['step'] + 1:>5}/{self.total_steps}  {info}", file=self.stream, flush=True)
 
   def finish(self) -> dict[str, Any]:
-    """Closes the file and progress, writes the loss plot, prints and returns the summary."""
+    """Closes the file and progress, writes the loss plot, prints and returns the summary (process 0; the
+    others return their own rows' summary and print nothing)."""
+    if not self.writer:
+      return summarize(self.rows, self.rows)
     if self._bar is not None:
       self._bar.stop()
     if self._file is not None:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from maxtext_moe.config import checks, flags, recipes
+from maxtext_moe.config import flags, recipes
 from maxtext_moe.errors import UserError
+from maxtext_moe.launch.preflight import check_moe_path, check_platform, check_visible_devices
 
 
 def _check_overrides(overrides: list[str]) -> None:
@@ -25,7 +26,7 @@ def _check_overrides(overrides: list[str]) -> None:
       raise UserError(f"expected key=value, got '{item}'")
 
 
-def derived_overrides(keys: Any) -> list[str]:
+def derived_overrides(keys: Any, now: datetime.datetime | None = None) -> list[str]:
   """key=value pairs the launcher adds: the output directory made absolute (it is taken from the current
   directory), and a run name to the second when none is set (MaxText's own is to the minute, so two runs
   started in the same minute would silently share checkpoints)."""
@@ -34,7 +35,7 @@ def derived_overrides(keys: Any) -> list[str]:
   if out and not os.path.isabs(out) and "://" not in out:
     extra.append(f"base_output_directory={Path(out).resolve()}")
   if not keys.run_name_set:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
     extra.append(f"run_name={keys.model_name}-{keys.plugin.recipe_hardware}-{stamp}")
   return extra
 
@@ -46,6 +47,23 @@ class Launch:
   path: Path
   overrides: list[str]  # the user's, then the derived ones
   keys: Any  # upstream.config.LayerKeys
+  user_overrides: tuple[str, ...] = ()
+
+  def shared_by_all_processes(self) -> "Launch":
+    """In a multi-process job every process must write to one run directory: all take process 0's clock
+    for the derived run name (their own may be a second apart)."""
+    if self.keys.run_name_set:
+      return self
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    now = datetime.datetime.now()
+    day, second = (int(now.strftime(f)) for f in ("%Y%m%d", "%H%M%S"))
+    day, second = (int(v) for v in multihost_utils.broadcast_one_to_all(np.array([day, second], np.int32)))
+    shared = datetime.datetime.strptime(f"{day:08d}{second:06d}", "%Y%m%d%H%M%S")
+    return Launch(
+      self.path, [*self.user_overrides, *derived_overrides(self.keys, shared)], self.keys, self.user_overrides
+    )
 
   def resolve(self) -> Any:
     """The one MaxText resolution of this launch. It starts the JAX backend first, unless dump_hlo is on:
@@ -76,87 +94,7 @@ def read_launch(recipe: str | None, overrides: list[str]) -> Launch:
   _check_overrides(overrides)
   path = recipes.recipe_path(recipe or recipes.DEFAULT_RECIPE)
   keys = upstream_config.layer_keys(path, overrides)
-  return Launch(path, [*overrides, *derived_overrides(keys)], keys)
-
-
-def check_visible_devices(cfg: Any, *, visible: int) -> None:
-  """The recipe's device count and parallelism product must match what this process sees."""
-  want = cfg.recipe_num_devices
-  if want > 0 and want != visible:
-    hint = (
-      f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={want}"
-      if cfg.hardware == "cpu"
-      else "; run it on the hardware it names or override recipe_num_devices and the parallelism"
-    )
-    raise UserError(f"recipe lays out {want} devices but {visible} are visible{hint}")
-  try:
-    checks.check_layout_fits_devices(cfg, num_devices=visible)
-  except ValueError as e:
-    raise UserError(str(e)) from e
-
-
-def check_platform(cfg: Any, *, platform: str) -> None:
-  """Settings that need an XLA backend feature this platform lacks."""
-  if cfg.offload is not None:
-    import jax  # pylint: disable=import-outside-toplevel
-
-    try:
-      jax.devices()[0].memory("pinned_host")
-    except Exception:  # pylint: disable=broad-except  # jax raises several types for a missing memory kind
-      raise UserError(
-        f"offload={cfg.offload} needs pinned host memory, which {platform} devices here lack; set offload=none"
-      ) from None
-  if platform == "cpu" and str(cfg.offload) in ("activations", "all"):
-    print(
-      f"maxtext-moe: note: offload={cfg.offload} leaves activations in memory on CPU (JAX lowers host transfers "
-      "inside a step only for GPU and TPU); the optimizer and parameter parts do apply",
-      file=sys.stderr,
-    )
-  if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
-    raise UserError(
-      "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "
-      "use moe_dispatch=all_to_all or auto on CPU"
-    )
-
-
-def check_moe_path(cfg: Any) -> None:
-  """The GPU fast path's requirements (TE, one GPU per process, the layout TE EP serves, FP8 support),
-  checked once the backend is up and before anything is compiled: one line each, with the fix."""
-  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import moe_layer, te  # pylint: disable=import-outside-toplevel
-
-  if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
-    raise UserError(f"te_moe_block=true needs Transformer Engine, which does not import here: {te.status().reason}")
-  if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
-    return
-  dispatch, gemm = moe_layer.resolved_kinds(cfg)
-  try:
-    if dispatch == settings.DispatchKind.TE_EP:
-      reasons = te.ep_unready_reasons()
-      if reasons:
-        raise UserError(
-          f"moe_dispatch=te_ep cannot run here: {'; '.join(reasons)} (maxtext-moe doctor says more); "
-          "launch one process per GPU, or use moe_dispatch=auto"
-        )
-      settings.check_te_ep_layout(moe_layer.mesh_axis_sizes(cfg), num_experts=cfg.num_experts)
-    if gemm == settings.GemmBackend.TE and (jax_platform() != "gpu" or not te.status().available):
-      raise UserError(
-        f"moe_gemm_backend=te needs Transformer Engine on a GPU ({te.status().reason or 'not a GPU'}); "
-        "use moe_gemm_backend=auto"
-      )
-    settings.check_quantization(cfg.moe_gemm_quantization, gemm, dispatch)
-    if str(cfg.moe_gemm_quantization) != "none":
-      supported, why = te.scaling_mode_supported(str(cfg.moe_gemm_quantization))
-      if not supported:
-        raise UserError(f"moe_gemm_quantization={cfg.moe_gemm_quantization} is not supported on this GPU: {why}")
-  except ValueError as e:
-    raise UserError(str(e)) from e
-
-
-def jax_platform() -> str:
-  import jax  # pylint: disable=import-outside-toplevel
-
-  return jax.default_backend()
+  return Launch(path, [*overrides, *derived_overrides(keys)], keys, tuple(overrides))
 
 
 def _keep_model_file(cfg: Any, run_dir: Path) -> None:
@@ -171,16 +109,84 @@ def _keep_model_file(cfg: Any, run_dir: Path) -> None:
       shutil.copyfile(source.parent / SOURCE_CONFIG, run_dir / SOURCE_CONFIG)
 
 
+@dataclass(frozen=True)
+class Distributed:
+  """`train`'s multi-process flags (all None: detect from the environment)."""
+
+  coordinator: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  local_rank: int | None = None
+  init_timeout_s: int = 300
+
+
+def join_job(launch: Launch, dist: Distributed) -> tuple[Launch, Any]:
+  """Joins the multi-process job this process belongs to, if any (before the backend starts)."""
+  from maxtext_moe.launch import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
+
+  found = cluster_lib.detect(
+    dict(os.environ),
+    coordinator=dist.coordinator,
+    num_processes=dist.num_processes,
+    process_id=dist.process_id,
+    local_rank=dist.local_rank,
+  )
+  if found is None:
+    return launch, None
+  cpu = str(launch.keys.plugin.recipe_hardware) == "cpu"
+  cluster_lib.start(found, cpu=cpu, timeout_s=dist.init_timeout_s, env=dict(os.environ))
+  cluster_lib.hello(found)
+  if not cpu:
+    cluster_lib.check_distinct_gpus()
+  return launch.shared_by_all_processes(), found
+
+
+def _start_run(cfg: Any, launch: Launch, applied: dict[str, str], job: Any, out: IO[str]) -> Any:
+  """The run directory, what process 0 keeps in it (flags.json, the model file), the recorder, and the
+  start line."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_moe.launch.recorder import RunRecorder  # pylint: disable=import-outside-toplevel
+
+  lead = jax.process_index() == 0
+  run_dir = Path(cfg.base_output_directory) / cfg.run_name
+  run_dir.mkdir(parents=True, exist_ok=True)
+  if lead:
+    (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
+    _keep_model_file(cfg, run_dir)
+    where = f" in {job.num_processes} processes" if job else ""
+    print(
+      f"maxtext-moe: training {cfg.model_name} from {launch.path.name} on {jax.device_count()} "
+      f"{jax.default_backend()} device(s){where}; run directory {run_dir}",
+      file=out,
+      flush=True,
+    )
+  return RunRecorder(
+    run_dir=run_dir,
+    total_steps=cfg.steps,
+    num_devices=jax.device_count(),
+    metrics_name=cfg.metrics_jsonl,
+    plot_name=cfg.loss_plot,
+    progress=str(cfg.progress),
+    stream=out,
+    writer=lead,
+  )
+
+
 def train(
-  recipe: str | None, overrides: list[str], *, verbose: bool = False, out: IO[str] = sys.stdout
+  recipe: str | None,
+  overrides: list[str],
+  *,
+  verbose: bool = False,
+  out: IO[str] = sys.stdout,
+  dist: Distributed = Distributed(),
 ) -> dict[str, Any]:
-  """Runs one training job and returns its summary; progress and summary go to `out`. Raises UserError for
-  bad input."""
+  """Runs one training job (this process's part of it) and returns its summary; progress and summary go
+  to `out` from process 0. Raises UserError for bad input."""
   import jax
   from absl import logging as absl_logging
 
   from maxtext_moe.launch import environment
-  from maxtext_moe.launch.recorder import RunRecorder
   from maxtext_moe.upstream.trainer import run_trainer
 
   if not verbose:
@@ -189,35 +195,18 @@ def train(
   run_flags = flags.for_config(launch.keys.plugin)
   flags.probe(run_flags.xla_flags)
   applied = environment.apply(run_flags)
+  launch, job = join_job(launch, dist)
   cfg = launch.resolve()
-  check_visible_devices(cfg, visible=jax.device_count())
+  check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())
   check_moe_path(cfg)
-  run_dir = Path(cfg.base_output_directory) / cfg.run_name
-  run_dir.mkdir(parents=True, exist_ok=True)
-  (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
-  _keep_model_file(cfg, run_dir)
-  recorder = RunRecorder(
-    run_dir=run_dir,
-    total_steps=cfg.steps,
-    num_devices=jax.device_count(),
-    metrics_name=cfg.metrics_jsonl,
-    plot_name=cfg.loss_plot,
-    progress=str(cfg.progress),
-    stream=out,
-  )
-  print(
-    f"maxtext-moe: training {cfg.model_name} from {launch.path.name} on {jax.device_count()} "
-    f"{jax.default_backend()} device(s); run directory {run_dir}",
-    file=out,
-    flush=True,
-  )
+  recorder = _start_run(cfg, launch, applied, job, out)
   try:
     run_trainer(cfg, recorder)
   except RuntimeError as e:
     if "checkpoint already exists" in str(e):
       raise UserError(
-        f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {run_dir / 'checkpoints'}); "
+        f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {recorder.run_dir}/checkpoints); "
         f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
       ) from e
     raise

@@ -1,0 +1,89 @@
+"""Checks made once the backend is up and the config resolved, before anything is compiled or written:
+one line each, with the fix."""
+
+import sys
+from typing import Any
+
+from maxtext_moe.config import checks
+from maxtext_moe.errors import UserError
+
+
+def check_visible_devices(cfg: Any, *, visible: int, processes: int = 1) -> None:
+  """The recipe's device count and parallelism product must match what the job sees."""
+  want = cfg.recipe_num_devices
+  where = f" to {processes} processes" if processes > 1 else ""
+  if want > 0 and want != visible:
+    hint = (
+      f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={want}"
+      if cfg.hardware == "cpu" and processes == 1
+      else "; start one process per GPU of the layout, or override recipe_num_devices and the parallelism"
+    )
+    raise UserError(f"recipe lays out {want} devices but {visible} are visible{where}{hint}")
+  try:
+    checks.check_layout_fits_devices(cfg, num_devices=visible)
+  except ValueError as e:
+    raise UserError(str(e)) from e
+
+
+def check_platform(cfg: Any, *, platform: str) -> None:
+  """Settings that need an XLA backend feature this platform lacks."""
+  if cfg.offload is not None:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    try:
+      jax.devices()[0].memory("pinned_host")
+    except Exception:  # pylint: disable=broad-except  # jax raises several types for a missing memory kind
+      raise UserError(
+        f"offload={cfg.offload} needs pinned host memory, which {platform} devices here lack; set offload=none"
+      ) from None
+  if platform == "cpu" and str(cfg.offload) in ("activations", "all"):
+    print(
+      f"maxtext-moe: note: offload={cfg.offload} leaves activations in memory on CPU (JAX lowers host transfers "
+      "inside a step only for GPU and TPU); the optimizer and parameter parts do apply",
+      file=sys.stderr,
+    )
+  if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
+    raise UserError(
+      "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "
+      "use moe_dispatch=all_to_all or auto on CPU"
+    )
+
+
+def check_moe_path(cfg: Any) -> None:
+  """The GPU fast path's requirements (TE, one GPU per process, the layout TE EP serves, FP8 support),
+  checked once the backend is up and before anything is compiled: one line each, with the fix."""
+  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import moe_layer, te  # pylint: disable=import-outside-toplevel
+
+  if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
+    raise UserError(f"te_moe_block=true needs Transformer Engine, which does not import here: {te.status().reason}")
+  if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
+    return
+  dispatch, gemm = moe_layer.resolved_kinds(cfg)
+  try:
+    if dispatch == settings.DispatchKind.TE_EP:
+      reasons = te.ep_unready_reasons()
+      if reasons:
+        raise UserError(
+          f"moe_dispatch=te_ep cannot run here: {'; '.join(reasons)} (maxtext-moe doctor says more); "
+          "launch one process per GPU, or use moe_dispatch=auto"
+        )
+      settings.check_te_ep_layout(moe_layer.mesh_axis_sizes(cfg), num_experts=cfg.num_experts)
+    if gemm == settings.GemmBackend.TE and (jax_platform() != "gpu" or not te.status().available):
+      raise UserError(
+        f"moe_gemm_backend=te needs Transformer Engine on a GPU ({te.status().reason or 'not a GPU'}); "
+        "use moe_gemm_backend=auto"
+      )
+    settings.check_quantization(cfg.moe_gemm_quantization, gemm, dispatch)
+    if str(cfg.moe_gemm_quantization) != "none":
+      supported, why = te.scaling_mode_supported(str(cfg.moe_gemm_quantization))
+      if not supported:
+        raise UserError(f"moe_gemm_quantization={cfg.moe_gemm_quantization} is not supported on this GPU: {why}")
+  except ValueError as e:
+    raise UserError(str(e)) from e
+
+
+def jax_platform() -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return jax.default_backend()

@@ -1,0 +1,147 @@
+"""`maxtext-moe launch --nproc-per-node N -- train RECIPE ...`: one process per GPU on this node.
+
+For one pod per node (the Kubernetes manifests run it; SLURM's srun does the same job itself). Each child
+is `python -m maxtext_moe COMMAND...` with our variables (`launch.cluster`): the coordinator, the process
+count (nodes x N), its process id (node rank x N + local rank) and its local rank, which is its GPU. The
+node rank comes from --node-rank, else Kubernetes' JOB_COMPLETION_INDEX (an indexed Job or a JobSet), else
+0. SIGTERM and SIGINT are forwarded to every child; when a child fails, the others are stopped and the
+supervisor exits non-zero, saying which one failed and how.
+"""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO
+
+from maxtext_moe.errors import UserError
+from maxtext_moe.launch import cluster
+
+NNODES = f"{cluster.PREFIX}NNODES"
+GRACE_S = 120  # how long children get after a forwarded signal (a checkpoint may be in flight)
+
+
+@dataclass(frozen=True)
+class Plan:
+  """Where this node's children sit in the job."""
+
+  nproc_per_node: int
+  nnodes: int
+  node_rank: int
+  coordinator: str
+
+  def child_env(self, local_rank: int, base: dict[str, str]) -> dict[str, str]:
+    return base | {
+      cluster.COORDINATOR: self.coordinator,
+      cluster.NUM_PROCESSES: str(self.nnodes * self.nproc_per_node),
+      cluster.PROCESS_ID: str(self.node_rank * self.nproc_per_node + local_rank),
+      cluster.LOCAL_RANK: str(local_rank),
+    }
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def plan(
+  env: dict[str, str],
+  *,
+  nproc_per_node: int,
+  nnodes: int | None = None,
+  node_rank: int | None = None,
+  coordinator: str | None = None,
+) -> Plan:
+  """The job from flags, then the environment (JOB_COMPLETION_INDEX, MAXTEXT_MOE_NNODES,
+  MAXTEXT_MOE_COORDINATOR); one node alone gets a free localhost port."""
+  if nproc_per_node < 1:
+    raise UserError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+  try:
+    nnodes = nnodes if nnodes is not None else int(env.get(NNODES, "1"))
+    rank = node_rank if node_rank is not None else int(env.get("JOB_COMPLETION_INDEX", "0"))
+  except ValueError as e:
+    raise UserError(f"launch: {NNODES} and JOB_COMPLETION_INDEX must be integers ({e})") from None
+  if nnodes < 1 or not 0 <= rank < nnodes:
+    raise UserError(f"launch: node rank {rank} is not in 0..{nnodes - 1} ({nnodes} nodes)")
+  coordinator = coordinator or env.get(cluster.COORDINATOR)
+  if coordinator is None:
+    if nnodes > 1:
+      raise UserError(f"launch: {nnodes} nodes need --coordinator HOST:PORT (node 0's) or {cluster.COORDINATOR}")
+    coordinator = f"127.0.0.1:{_free_port()}"
+  return Plan(nproc_per_node, nnodes, rank, coordinator)
+
+
+def _describe(code: int) -> str:
+  if code < 0:
+    return f"was killed by {signal.Signals(-code).name}"
+  return f"exited with code {code}"
+
+
+def supervise(
+  job: Plan,
+  command: list[str],
+  *,
+  env: dict[str, str],
+  stdout: IO[str] | None = None,
+  program: tuple[str, ...] = (sys.executable, "-m", "maxtext_moe"),
+) -> int:
+  """Runs `program COMMAND` once per local rank to the end (standard output onto `stdout`); returns the
+  supervisor's exit code: 0, the first failed child's, or 128 + a forwarded signal."""
+  if not command:
+    raise UserError("launch needs the command to run after '--', e.g. launch --nproc-per-node 8 -- train RECIPE")
+  first = job.node_rank * job.nproc_per_node
+  children = [
+    subprocess.Popen([*program, *command], env=job.child_env(i, env), stdout=stdout) for i in range(job.nproc_per_node)
+  ]
+  received: list[int] = []
+
+  def forward(signum, frame):  # noqa: ARG001
+    del frame
+    received.append(signum)
+    for child in children:
+      if child.poll() is None:
+        child.send_signal(signum)
+
+  previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    return _watch(children, first, received)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def _watch(children: list[subprocess.Popen], first: int, received: list[int]) -> int:
+  """Polls the children: the first failure stops the rest (SIGTERM, SIGKILL after GRACE_S)."""
+  failure: tuple[int, int] | None = None  # (process id, exit code) of the first child to fail
+  deadline = None
+  while any(c.poll() is None for c in children):
+    for i, c in enumerate(children):
+      if failure is None and not received and c.poll() not in (None, 0):
+        failure = (first + i, c.returncode)
+        print(
+          f"maxtext-moe launch: process {first + i} {_describe(c.returncode)}; stopping the other processes",
+          file=sys.stderr,
+          flush=True,
+        )
+        for other in children:
+          if other.poll() is None:
+            other.send_signal(signal.SIGTERM)
+    if (failure or received) and deadline is None:
+      deadline = time.monotonic() + GRACE_S
+    if deadline is not None and time.monotonic() > deadline:
+      for c in children:
+        if c.poll() is None:
+          c.kill()
+    time.sleep(0.2)
+  if received:
+    return 128 + received[0]
+  if failure is None:  # every child ended in the same poll
+    failure = next(((first + i, c.returncode) for i, c in enumerate(children) if c.returncode), None)
+    if failure is None:
+      return 0
+    print(f"maxtext-moe launch: process {failure[0]} {_describe(failure[1])}", file=sys.stderr, flush=True)
+  code = failure[1]
+  return code if code > 0 else 128 - code
