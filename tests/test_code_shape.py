@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "maxtext_moe"
 LAYERS = {
   "errors": 0,
   "glibc": 0,
+  "stderr": 0,
   "moe": 1,
   "data": 1,
   "config": 2,

@@ -25,11 +25,11 @@ def _fake_checkpoint(tmp_path):
 @pytest.mark.parametrize("name", ALL_RECIPES)
 def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   """Config resolution only: nothing is allocated, so the 671B recipes are checked on CPU too."""
-  finetune = name.endswith("-finetune")
+  finetune = name.endswith(("-finetune", "-sft"))
   overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
   cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
   assert cfg.finetune == finetune
-  model = name.split("/")[1].removesuffix("-finetune")
+  model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft")
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
@@ -54,7 +54,7 @@ def test_every_yaml_parses_and_uses_known_keys(path, upstream_config):
 def test_recipe_sets_no_key_its_model_file_also_sets(name):
   """MaxText merges models/<model_name>.yml over the base chain, so such a recipe key would be silently lost."""
   recipe = yaml.safe_load((CONFIGS / "recipes" / f"{name}.yml").read_text())
-  model_name = recipe.get("model_name") or name.split("/")[1].removesuffix("-finetune")
+  model_name = recipe.get("model_name") or name.split("/")[1].removesuffix("-finetune").removesuffix("-sft")
   model = yaml.safe_load((CONFIGS / "models" / f"{model_name}.yml").read_text())
   assert set(recipe) & set(model) == set()
 

@@ -21,7 +21,7 @@ def fresh_probe_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", recipes.list_recipes())
 def test_every_recipe_resolves_its_profile(name, upstream_config):
-  overrides = ["finetune=false"] if name.endswith("-finetune") else []  # no checkpoint needed here
+  overrides = ["finetune=false"] if name.endswith(("-finetune", "-sft")) else []  # no checkpoint needed here
   cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
   got = flags.for_config(cfg)
   if name.startswith("cpu/"):

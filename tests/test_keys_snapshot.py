@@ -20,6 +20,11 @@ SNAPSHOT = (
   "env_extra",
   "model_file",
   "mla_norm_epsilon",
+  "on_nonfinite_loss",
+  "max_nonfinite_skips",
+  "checkpoint_fallback",
+  "fault_nan_loss_steps",
+  "sft_overlength",
   "finetune",
 )
 

@@ -2,8 +2,12 @@
 
 import io
 import json
+import os
+import stat
 
-from maxtext_moe.launch.recorder import RunRecorder, read_jsonl, step_row, summarize
+import pytest
+
+from maxtext_moe.launch.recorder import NonFiniteLoss, RunRecorder, read_jsonl, step_row, summarize
 
 
 def _scalars(loss, tokens=100.0):
@@ -57,3 +61,49 @@ def test_finish_writes_plot_and_summary(tmp_path):
 
 def test_summarize_empty_run():
   assert summarize([], []) == {"steps_this_run": 0}
+
+
+def _recorder(tmp_path, **kw):
+  return RunRecorder(
+    run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO(), **kw
+  )
+
+
+def test_metrics_file_follows_the_umask_like_the_other_run_files(tmp_path):
+  rec = _recorder(tmp_path)
+  rec.start(None, start_step=0)
+  rec.finish()
+  umask = os.umask(0)
+  os.umask(umask)
+  assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_nonfinite_loss_is_recorded_then_stops_or_is_skipped_until_the_limit(tmp_path):
+  rec = _recorder(tmp_path)
+  rec.start(None, start_step=0)
+  rec.step(0, _scalars(2.0))
+  with pytest.raises(NonFiniteLoss) as e:
+    rec.step(1, _scalars(float("nan")))
+  assert (e.value.step, e.value.kind, e.value.skipped) == (1, "nan", 0)
+  rows = read_jsonl(tmp_path / "metrics.jsonl")  # valid JSON: no NaN token
+  assert rows[1] == {
+    "step": 1,
+    "loss": None,
+    "loss_nonfinite": "nan",
+    "tflops_per_s_per_device": 0.5,
+    "tokens_per_s": 100.0,
+    "moe/tokens_dropped": 0.0,
+  }
+  assert rec.finish()["nonfinite_steps"] == 1
+
+  skip = _recorder(tmp_path / "skip", skip_nonfinite=True, max_nonfinite_skips=2)
+  (tmp_path / "skip").mkdir()
+  skip.start(None, start_step=0)
+  skip.step(0, _scalars(float("inf")))
+  skip.step(1, _scalars(3.0))  # a finite step resets the count
+  skip.step(2, _scalars(float("nan")))
+  with pytest.raises(NonFiniteLoss) as e:
+    skip.step(3, _scalars(float("nan")))
+  assert (e.value.step, e.value.skipped) == (3, 3)
+  assert [r.get("nonfinite_skipped", False) for r in skip.rows] == [True, False, True, True]
+  assert summarize(skip.rows, skip.rows)["final_loss"] == 3.0

@@ -11,6 +11,8 @@
   maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
   maxtext-moe doctor [--json]                   GPU/TE/NCCL facts here, and what `auto` picks and why
   maxtext-moe k8s RECIPE --nodes N --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
+  maxtext-moe data show RECIPE [key=value ...]  SFT rows as the model sees them, loss-carrying tokens marked
+  maxtext-moe eval RECIPE load_parameters_path=... held-out completion loss and greedy exact match
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
 wrong type, impossible layout) prints one line on standard error and exits with 2.
@@ -19,10 +21,13 @@ wrong type, impossible layout) prints one line on standard error and exits with 
 import argparse
 import os
 import sys
+import threading
+import warnings
 
-from maxtext_moe.cli import run_commands, tool_commands
+from maxtext_moe.cli import data_commands, run_commands, tool_commands
 from maxtext_moe.cli.output import routed_stdout
-from maxtext_moe.errors import UserError
+from maxtext_moe.errors import RunEnded, UserError
+from maxtext_moe.stderr import last_word
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
   common.add_argument("-v", "--verbose", action="store_true", help="show MaxText's own logging and notices")
   run_commands.register(sub, common)
   tool_commands.register(sub, common)
+  data_commands.register(sub, common)
   return parser
 
 
@@ -45,6 +51,16 @@ def _process_defaults() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+
+
+def _last_word(line: str, verbose: bool) -> None:
+  """A one-line error as the last word on standard error (`maxtext_moe.stderr`); Python's own reports of
+  abandoned coroutines and threads are not shown unless --verbose."""
+  if not verbose:
+    sys.unraisablehook = lambda unraisable: None
+    threading.excepthook = lambda args: None
+    warnings.simplefilter("ignore")
+  last_word(line, verbose=verbose)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
       return ns.func(ns, out)
     except UserError as e:
-      print(f"maxtext-moe: error: {e}", file=sys.stderr)
+      _last_word(f"maxtext-moe: error: {e}", ns.verbose)
       return 2
+    except RunEnded as e:
+      _last_word(f"maxtext-moe: {e}", ns.verbose)
+      return e.exit_code
     except KeyboardInterrupt:
       print("maxtext-moe: interrupted", file=sys.stderr)
       return 130

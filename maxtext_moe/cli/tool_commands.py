@@ -64,6 +64,11 @@ def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
 
   bound_host_memory()  # before JAX and TensorStore start their threads
   from maxtext_moe.checkpoint import convert, export  # pylint: disable=wrong-import-position
+  from maxtext_moe.config.paths import unwritable_reason  # pylint: disable=wrong-import-position
+
+  why = unwritable_reason(ns.out)
+  if why:
+    raise UserError(f"--out {ns.out}: {why}")
 
   if ns.direction == "hf-to-maxtext":
     if not ns.hf:

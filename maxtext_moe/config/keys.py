@@ -46,6 +46,20 @@ class MoEImpl(StrEnum):
   MAXTEXT = "maxtext"  # MaxText's own sparse_matmul / dense_matmul
 
 
+class NonFinitePolicy(StrEnum):
+  """What a NaN or Inf training loss does."""
+
+  STOP = "stop"  # stop with one line: the step, the last good checkpoint, what to try
+  SKIP = "skip"  # skip the step's update (optax.apply_if_finite), count it; stop after max_nonfinite_skips in a row
+
+
+class Overlength(StrEnum):
+  """What an SFT conversation longer than max_target_length does."""
+
+  TRUNCATE = "truncate"  # keep its first max_target_length tokens (MaxText's SFT pipeline), and say how many
+  REFUSE = "refuse"  # stop before training, naming the longest and where it is
+
+
 class PluginKeys(BaseModel):
   """Keys that maxtext-moe adds to MaxText's config. Every one is settable from YAML or key=value."""
 
@@ -126,6 +140,30 @@ class PluginKeys(BaseModel):
     0.0,
     description="Epsilon of MLA's q/kv low-rank norms; 0: normalization_layer_epsilon. transformers' DeepseekV3 "
     "uses 1e-6 there whatever rms_norm_eps is, so models converted from Hugging Face set 1e-6.",
+  )
+  on_nonfinite_loss: NonFinitePolicy = Field(
+    NonFinitePolicy.STOP,
+    description="A NaN/Inf training loss: stop (one line naming the step and the last good checkpoint; the "
+    "step is in metrics.jsonl, summary and plot are written) or skip (the step's update is not applied, the "
+    "step is counted in metrics.jsonl as nonfinite_skipped; stop after max_nonfinite_skips in a row).",
+  )
+  max_nonfinite_skips: int = Field(
+    3, ge=1, description="on_nonfinite_loss=skip: non-finite steps in a row to give up at."
+  )
+  checkpoint_fallback: bool = Field(
+    True,
+    description="When the newest checkpoint of a run cannot be read, resume from the newest one that can "
+    "(the unreadable one is moved to RUN/unreadable_checkpoints/, with a warning); false: stop with one line.",
+  )
+  fault_nan_loss_steps: list[int] = Field(
+    default_factory=list,
+    description="Testing aid: these training steps' loss is replaced by NaN (counted from the run's first "
+    "step, one train-step call each; needs gradient_accumulation_steps=1).",
+  )
+  sft_overlength: Overlength = Field(
+    Overlength.TRUNCATE,
+    description="use_sft: conversations longer than max_target_length tokens are truncated (the launcher "
+    "says how many, before training) or refused (the run does not start).",
   )
   finetune: bool = Field(
     False,

@@ -2,6 +2,7 @@
 one line each, with the fix."""
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from maxtext_moe.config import checks
@@ -87,3 +88,47 @@ def jax_platform() -> str:
   import jax  # pylint: disable=import-outside-toplevel
 
   return jax.default_backend()
+
+
+def data_files(pattern: str) -> list[str]:
+  """The files a grain_train_files value names: ';'-separated patterns, each maybe ',weight'."""
+  import glob  # pylint: disable=import-outside-toplevel
+
+  found = []
+  for part in str(pattern).split(";"):
+    path = part.split(",")[0].strip()
+    if path and "://" not in path:
+      found += glob.glob(path)
+    elif path:
+      found.append(path)  # remote: left to the reader
+  return found
+
+
+def check_inputs(cfg: Any) -> None:
+  """What the run reads and writes, before its directory is created: the output directory, the batch,
+  the data files and the tokenizer."""
+  from maxtext_moe.config.paths import unwritable_reason  # pylint: disable=import-outside-toplevel
+
+  why = unwritable_reason(cfg.base_output_directory)
+  if why:
+    raise UserError(f"base_output_directory={cfg.base_output_directory}: {why}; choose a directory you can write")
+  if int(cfg.global_batch_size_to_train_on) < 1:
+    raise UserError(
+      f"per_device_batch_size={cfg.per_device_batch_size} gives a global batch of "
+      f"{cfg.global_batch_size_to_train_on} sequences; raise it so the devices hold at least one"
+    )
+  dataset = str(getattr(cfg.dataset_type, "value", cfg.dataset_type))
+  if dataset == "synthetic":
+    return
+  if dataset == "grain" and not data_files(cfg.grain_train_files):
+    raise UserError(f"grain_train_files={cfg.grain_train_files!r} matches no file; check the path or pattern")
+  tokenizer = str(cfg.tokenizer_path or "")
+  kind = str(getattr(cfg.tokenizer_type, "value", cfg.tokenizer_type))
+  if tokenizer and "://" not in tokenizer and kind in ("sentencepiece", "tiktoken") and not Path(tokenizer).exists():
+    raise UserError(f"tokenizer_path={tokenizer} does not exist (tokenizer_type={kind}); point it at the model file")
+  local = tokenizer.startswith(("/", ".", "~"))  # not a Hugging Face Hub name (org/model)
+  if kind == "huggingface" and local and not Path(tokenizer).expanduser().is_dir():
+    raise UserError(
+      f"tokenizer_path={tokenizer} is not a directory (tokenizer_type=huggingface); point it at the "
+      "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
+    )

@@ -1,11 +1,16 @@
 """Per-step run outputs: a metrics JSONL file, live progress, a loss-curve PNG and a summary.
 
-MaxText's MetricLogger hands each training step's scalars to `RunRecorder.step` (through the trainer
-hook, `upstream.trainer`). The JSONL is appended to, so a resumed run continues the same file; lines at or
+MaxText's MetricLogger hands each training step's scalars to `RunRecorder.step`, and each held-out
+evaluation's to `RunRecorder.eval` (through the trainer hook, `upstream.trainer`). An evaluation is a row
+of its own, `{"step": S, "eval_loss": ..., "eval_tokens": ...}`, written after train step S's row: the
+loss of the model after step S on the eval split's loss-bearing tokens (with SFT, the completions).
+
+The JSONL is appended to, so a resumed run continues the same file; lines at or
 after the restored step are dropped first, so a crash between checkpoint and log never duplicates steps.
 """
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -38,7 +43,30 @@ def _rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
   with os.fdopen(fd, "w", encoding="utf-8") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the run's other files follow the umask
   os.replace(tmp, path)
+
+
+class NonFiniteLoss(Exception):
+  """A training step's loss was NaN or Inf and the run must stop (on_nonfinite_loss)."""
+
+  def __init__(self, step: int, kind: str, skipped: int):
+    super().__init__(f"loss {kind} at step {step + 1}")
+    self.step, self.kind, self.skipped = step, kind, skipped
+
+
+def eval_row(step: int, scalars: dict[str, float]) -> dict[str, Any]:
+  """One evaluation's JSONL row: MaxText's token-weighted mean loss over the whole eval pass."""
+  loss = scalars["eval/avg_loss"]
+  row: dict[str, Any] = {"step": step, "eval_loss": loss if math.isfinite(loss) else None}
+  row["eval_tokens"] = int(scalars.get("eval/total_weights", 0))
+  return row
+
+
+def is_eval(row: dict[str, Any]) -> bool:
+  return "eval_loss" in row
 
 
 def step_row(step: int, scalars: dict[str, float], *, num_devices: int) -> dict[str, Any]:
@@ -47,6 +75,9 @@ def step_row(step: int, scalars: dict[str, float], *, num_devices: int) -> dict[
   for src, dst in _FIELDS.items():
     if src in scalars:
       row[dst] = scalars[src]
+  loss = row.get("loss")
+  if loss is not None and not math.isfinite(loss):  # JSON has no NaN: null, and which it was
+    row["loss"], row["loss_nonfinite"] = None, "nan" if math.isnan(loss) else "inf"
   if "perf/per_device_tokens_per_sec" in scalars:
     row["tokens_per_s"] = scalars["perf/per_device_tokens_per_sec"] * num_devices
   row.update({k: v for k, v in scalars.items() if k.startswith(_MOE_PREFIX)})
@@ -65,7 +96,12 @@ class RunRecorder:
   progress: str = "auto"
   stream: IO[str] = field(default_factory=lambda: sys.stdout)
   writer: bool = True  # in a multi-process job only process 0 writes the files and prints
+  skip_nonfinite: bool = False  # on_nonfinite_loss=skip (the optimizer skips such steps' updates)
+  max_nonfinite_skips: int = 3
   start_step: int = 0
+  nonfinite_in_a_row: int = 0
+  nonfinite_skipped: int = 0
+  last_eval: float | None = None
   rows: list[dict[str, Any]] = field(default_factory=list)
   _file: IO[str] | None = None
   _bar: Any = None
@@ -89,13 +125,28 @@ class RunRecorder:
   def step(self, step: int, scalars: dict[str, float]) -> None:
     """One logged training step's scalars (MaxText's and the moe/* ones)."""
     row = step_row(step, scalars, num_devices=self.num_devices)
+    bad = "loss_nonfinite" in row
+    self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if bad else 0
+    if bad and self.skip_nonfinite:
+      row["nonfinite_skipped"] = True
+      self.nonfinite_skipped += 1
+    self._append(row)
+    if bad and (not self.skip_nonfinite or self.nonfinite_in_a_row >= self.max_nonfinite_skips):
+      raise NonFiniteLoss(step, row["loss_nonfinite"], self.nonfinite_skipped)
+
+  def eval(self, step: int, scalars: dict[str, float]) -> None:
+    """The held-out evaluation that followed training step `step`."""
+    row = eval_row(step, scalars)
+    self.last_eval = row["eval_loss"]
+    self._append(row)
+
+  def _append(self, row: dict[str, Any]) -> None:
     self.rows.append(row)
-    if not self.writer:
-      return
-    assert self._file is not None
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
-    self._show(row)
+    if self.writer:
+      assert self._file is not None
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
+      self._show(row)
 
   def _mode(self) -> str:
     if self.progress != "auto":
@@ -118,16 +169,28 @@ class RunRecorder:
     self._task = self._bar.add_task("train", total=self.total_steps, completed=self.start_step, info="compiling")
 
   def _show(self, row: dict[str, Any]) -> None:
-    info = f"loss {row.get('loss', float('nan')):.4f}  {row.get('tokens_per_s', 0):,.0f} tok/s"
     mode = self._mode()
+    if is_eval(row):
+      loss = f"{row['eval_loss']:.4f}" if row["eval_loss"] is not None else "non-finite"
+      line = f"eval after step {row['step'] + 1}: eval_loss {loss} over {row['eval_tokens']:,} tokens"
+      if mode == "rich" and self._bar is not None:
+        self._bar.console.print(line)
+      elif mode == "plain":
+        print(f"{'':>11}{line}", file=self.stream, flush=True)
+      return
+    loss = f"{row['loss']:.4f}" if row.get("loss") is not None else row.get("loss_nonfinite", "-")
+    skipped = " (update skipped)" if row.get("nonfinite_skipped") else ""
+    held_out = f"  eval_loss {self.last_eval:.4f}" if self.last_eval is not None else ""
+    info = f"loss {loss}{skipped}{held_out}  {row.get('tokens_per_s', 0):,.0f} tok/s"
     if mode == "rich" and self._bar is not None:
       self._bar.update(self._task, completed=row["step"] + 1, info=info)
     elif mode == "plain":
       print(f"step {row['step'] + 1:>5}/{self.total_steps}  {info}", file=self.stream, flush=True)
 
-  def finish(self) -> dict[str, Any]:
+  def finish(self, *, stopped: bool = False) -> dict[str, Any]:
     """Closes the file and progress, writes the loss plot, prints and returns the summary (process 0; the
-    others return their own rows' summary and print nothing)."""
+    others return their own rows' summary and print nothing). `stopped`: the run was told to stop early
+    (a signal, a non-finite loss), so ending before `total_steps` needs no explanation."""
     if not self.writer:
       return summarize(self.rows, self.rows)
     if self._bar is not None:
@@ -138,6 +201,9 @@ class RunRecorder:
     summary = summarize(all_rows, self.rows)
     if self.plot_name and all_rows:
       summary["loss_plot"] = str(plot_loss(all_rows, self.run_dir / self.plot_name))
+    last = max((r["step"] for r in all_rows if not is_eval(r)), default=-1)
+    if self.rows and not stopped and last + 1 < self.total_steps:
+      summary["ended_early_at"], summary["total_steps"] = last + 1, self.total_steps
     summary["metrics"] = str(self.metrics_path)
     summary["checkpoints"] = str(self.run_dir / "checkpoints")
     print(format_summary(summary), file=self.stream, flush=True)
@@ -149,10 +215,19 @@ def summarize(all_rows: list[dict[str, Any]], this_run: list[dict[str, Any]]) ->
 
   The first step of an invocation includes compilation, so it is left out of the throughput median.
   """
+  this_run = [r for r in this_run if not is_eval(r)]
   out: dict[str, Any] = {"steps_this_run": len(this_run)}
-  if all_rows:
-    out["first_step"], out["final_step"] = all_rows[0]["step"], all_rows[-1]["step"]
-    out["first_loss"], out["final_loss"] = all_rows[0].get("loss"), all_rows[-1].get("loss")
+  finite = [r for r in all_rows if r.get("loss") is not None]
+  if finite:
+    out["first_step"], out["final_step"] = finite[0]["step"], finite[-1]["step"]
+    out["first_loss"], out["final_loss"] = finite[0]["loss"], finite[-1]["loss"]
+  evals = [r for r in all_rows if is_eval(r) and r["eval_loss"] is not None]
+  if evals:
+    out["first_eval_step"], out["final_eval_step"] = evals[0]["step"], evals[-1]["step"]
+    out["first_eval_loss"], out["final_eval_loss"] = evals[0]["eval_loss"], evals[-1]["eval_loss"]
+  nonfinite = sum("loss_nonfinite" in r for r in all_rows)
+  if nonfinite:
+    out["nonfinite_steps"] = nonfinite
   steady = this_run[1:] or this_run
   for key in ("tokens_per_s", "tflops_per_s_per_device"):
     vals = [r[key] for r in steady if key in r]
@@ -161,18 +236,35 @@ def summarize(all_rows: list[dict[str, Any]], this_run: list[dict[str, Any]]) ->
   return out
 
 
+def _drop(first: float, final: float) -> str:
+  drop = 100 * (1 - final / first) if first else 0.0
+  return f"{drop:.0f}% lower" if drop >= 0 else f"{-drop:.0f}% higher"
+
+
 def format_summary(s: dict[str, Any]) -> str:
   lines = ["", "run summary"]
   if "final_loss" in s:
-    drop = 100 * (1 - s["final_loss"] / s["first_loss"]) if s.get("first_loss") else 0.0
     lines.append(
       f"  loss        {s['first_loss']:.4f} (step {s['first_step'] + 1}) -> {s['final_loss']:.4f} "
-      f"(step {s['final_step'] + 1}), {drop:.0f}% lower"
+      f"(step {s['final_step'] + 1}), {_drop(s['first_loss'], s['final_loss'])}"
+    )
+  if "final_eval_loss" in s:
+    lines.append(
+      f"  eval loss   {s['first_eval_loss']:.4f} (after step {s['first_eval_step'] + 1}) -> "
+      f"{s['final_eval_loss']:.4f} (after step {s['final_eval_step'] + 1}), "
+      f"{_drop(s['first_eval_loss'], s['final_eval_loss'])}"
     )
   if "tokens_per_s" in s:
     lines.append(
       f"  throughput  {s['tokens_per_s']:,.0f} tokens/s, {s.get('tflops_per_s_per_device', 0):.3f} "
       "TFLOP/s per device (median, first step excluded)"
+    )
+  if s.get("nonfinite_steps"):
+    lines.append(f"  non-finite  {s['nonfinite_steps']} step(s) with a NaN/Inf loss (loss_nonfinite in the metrics)")
+  if s.get("ended_early_at"):
+    lines.append(
+      f"  ended early after step {s['ended_early_at']} of {s['total_steps']}: MaxText stopped its loop (the "
+      "training data ran out, or target_eval_loss was reached); raise num_epoch or lower steps"
     )
   lines.append(f"  metrics     {s['metrics']}")
   if "loss_plot" in s:
@@ -188,12 +280,16 @@ def plot_loss(rows: list[dict[str, Any]], path: Path) -> Path:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  steps = [r["step"] + 1 for r in rows if "loss" in r]
-  losses = [r["loss"] for r in rows if "loss" in r]
+  steps = [r["step"] + 1 for r in rows if r.get("loss") is not None]
+  losses = [r["loss"] for r in rows if r.get("loss") is not None]
+  evals = [(r["step"] + 1, r["eval_loss"]) for r in rows if is_eval(r) and r["eval_loss"] is not None]
   fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-  ax.plot(steps, losses, lw=1.5)
+  ax.plot(steps, losses, lw=1.5, label="training loss")
+  if evals:
+    ax.plot(*zip(*evals, strict=True), "o-", lw=1.5, label="eval loss (held-out)")
+    ax.legend()
   ax.set_xlabel("step")
-  ax.set_ylabel("training loss")
+  ax.set_ylabel("loss")
   ax.set_title(path.parent.name)
   ax.grid(alpha=0.3)
   fig.tight_layout()

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from maxtext_moe.errors import UserError
+from maxtext_moe.errors import EXIT_RESUMABLE, UserError
 from maxtext_moe.launch import cluster
 
 NNODES = f"{cluster.PREFIX}NNODES"
@@ -89,7 +89,8 @@ def supervise(
   program: tuple[str, ...] = (sys.executable, "-m", "maxtext_moe"),
 ) -> int:
   """Runs `program COMMAND` once per local rank to the end (standard output onto `stdout`); returns the
-  supervisor's exit code: 0, the first failed child's, or 128 + a forwarded signal."""
+  supervisor's exit code: 0, the first failed child's, 75 when a forwarded signal stopped every child after saving, or
+  128 + the signal."""
   if not command:
     raise UserError("launch needs the command to run after '--', e.g. launch --nproc-per-node 8 -- train RECIPE")
   first = job.node_rank * job.nproc_per_node
@@ -136,8 +137,8 @@ def _watch(children: list[subprocess.Popen], first: int, received: list[int]) ->
         if c.poll() is None:
           c.kill()
     time.sleep(0.2)
-  if received:
-    return 128 + received[0]
+  if received:  # stopped on request: resumable if every child saved and said so
+    return EXIT_RESUMABLE if all(c.returncode == EXIT_RESUMABLE for c in children) else 128 + received[0]
   if failure is None:  # every child ended in the same poll
     failure = next(((first + i, c.returncode) for i, c in enumerate(children) if c.returncode), None)
     if failure is None:

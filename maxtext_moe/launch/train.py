@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from maxtext_moe.config import flags, recipes
-from maxtext_moe.errors import UserError
-from maxtext_moe.launch.preflight import check_moe_path, check_platform, check_visible_devices
+from maxtext_moe.errors import RunEnded, UserError
+from maxtext_moe.launch import sft_data
+from maxtext_moe.launch.preflight import check_inputs, check_moe_path, check_platform, check_visible_devices
 
 
 def _check_overrides(overrides: list[str]) -> None:
@@ -170,6 +171,8 @@ def _start_run(cfg: Any, launch: Launch, applied: dict[str, str], job: Any, out:
     progress=str(cfg.progress),
     stream=out,
     writer=lead,
+    skip_nonfinite=str(cfg.on_nonfinite_loss) == "skip",
+    max_nonfinite_skips=int(cfg.max_nonfinite_skips),
   )
 
 
@@ -187,12 +190,12 @@ def train(
   from absl import logging as absl_logging
 
   from maxtext_moe.launch import environment
-  from maxtext_moe.upstream.trainer import run_trainer
 
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
   launch = read_launch(recipe, overrides)
   run_flags = flags.for_config(launch.keys.plugin)
+  run_flags.add_flags(launch.keys.dump_hlo_flags)
   flags.probe(run_flags.xla_flags)
   applied = environment.apply(run_flags)
   launch, job = join_job(launch, dist)
@@ -200,14 +203,48 @@ def train(
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())
   check_moe_path(cfg)
+  check_inputs(cfg)
+  cfg = sft_data.prepare(cfg, lead=jax.process_index() == 0)
   recorder = _start_run(cfg, launch, applied, job, out)
-  try:
-    run_trainer(cfg, recorder)
-  except RuntimeError as e:
-    if "checkpoint already exists" in str(e):
-      raise UserError(
-        f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {recorder.run_dir}/checkpoints); "
-        f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
-      ) from e
-    raise
-  return recorder.finish()
+  return _run(cfg, launch, recipe, recorder, distributed=job is not None)
+
+
+def _run(cfg: Any, launch: Launch, recipe: str | None, recorder: Any, *, distributed: bool) -> dict[str, Any]:
+  """Runs the trainer with recovery installed and turns each early end into its one line (RunEnded)."""
+  from maxtext_moe.launch import interrupts, outcome  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.launch.recorder import NonFiniteLoss  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.stats import CapacityOverflow, DroplessViolation  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import recovery  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.trainer import run_trainer  # pylint: disable=import-outside-toplevel
+
+  def announce(line: str) -> None:
+    if recorder.writer:
+      print(line, file=recorder.stream, flush=True)
+
+  rec = recovery.Recovery(
+    fallback=bool(cfg.checkpoint_fallback), skip_nonfinite=str(cfg.on_nonfinite_loss) == "skip", announce=announce
+  )
+  checkpoints = recorder.run_dir / "checkpoints"
+  for name in recovery.remove_incomplete_saves(checkpoints):
+    announce(f"maxtext-moe: removed {name}, a checkpoint save that was interrupted before it completed")
+  command = outcome.resume_command(recipe, launch.user_overrides, cfg.run_name)
+  with interrupts.graceful_stop(rec, distributed=distributed) as received:
+    try:
+      run_trainer(cfg, recorder, rec)
+    except NonFiniteLoss as e:
+      recorder.finish(stopped=True)
+      raise outcome.nonfinite(e, checkpoints, command, lead=recorder.writer) from None
+    except (CapacityOverflow, DroplessViolation) as e:
+      recorder.finish(stopped=True)
+      raise RunEnded(str(e), 1) from None
+    except RuntimeError as e:
+      if "checkpoint already exists" in str(e):
+        raise UserError(
+          f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {checkpoints}); "
+          f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
+        ) from e
+      raise
+  summary = recorder.finish(stopped=rec.stopped_at is not None)
+  if rec.stopped_at is not None:
+    raise outcome.stopped(received[0] if received else "SIGTERM", rec.stopped_at, checkpoints, command)
+  return summary

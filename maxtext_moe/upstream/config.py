@@ -20,13 +20,14 @@ from typing import Any, Literal
 
 import omegaconf
 import pydantic
+import yaml
 from maxtext.configs import pyconfig, types
 from maxtext.utils import globals as mt_globals
 from maxtext.utils import max_utils
 
 from maxtext_moe.config import checks, model_file, offload
 from maxtext_moe.config.keys import PluginKeys
-from maxtext_moe.data import corpus
+from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
 
 # Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
@@ -72,13 +73,15 @@ _RESOLVERS = {
   "maxtext_configs": lambda rel: str(maxtext_configs_dir() / rel),
   "maxtext_assets": _asset_path,
   "moe_corpus": lambda name: str(corpus.corpus_path(name)),
+  "moe_sft_example": lambda part: arithmetic.example_path(part),
 }
 
 
 def install_resolvers() -> None:
   """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (a file in the installed maxtext's configs),
   `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
-  offline corpus parquet, built and cached on first use)."""
+  offline corpus parquet) and `${moe_sft_example:train|eval|tokenizer}` (the SFT example's files), both
+  built and cached on first use."""
   for name, fn in _RESOLVERS.items():
     if not omegaconf.OmegaConf.has_resolver(name):
       omegaconf.OmegaConf.register_resolver(name, fn, use_cache=True)
@@ -96,6 +99,7 @@ class LayerKeys:
   base_output_directory: str
   model_name: str
   dump_hlo: bool
+  dump_hlo_flags: list[str]  # the XLA flags that make dump_hlo dump (MaxText adds them only without XLA_FLAGS)
 
 
 _LAYER_PLUGIN_KEYS = ("recipe_hardware", "flag_profile", "xla_flags_extra", "env_extra", "offload")
@@ -144,9 +148,11 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     if model_overrides:
       merged = _merged(config_path, [*model_overrides, *overrides])
     raw = {k: _layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, "run_name", "base_output_directory")}
-    raw |= {k: _layer_value(merged, k) for k in ("model_name", "dump_hlo")}
+    raw |= {
+      k: _layer_value(merged, k) for k in ("model_name", "dump_hlo", "dump_hlo_local_dir", "dump_hlo_local_module_name")
+    }
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
-  except (pydantic.ValidationError, ValueError, omegaconf.errors.OmegaConfBaseException) as e:
+  except (pydantic.ValidationError, ValueError, yaml.YAMLError, omegaconf.errors.OmegaConfBaseException) as e:
     raise UserError(one_line(e)) from e
   return LayerKeys(
     plugin=plugin,
@@ -156,7 +162,16 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     base_output_directory=str(raw["base_output_directory"] or ""),
     model_name=str(raw["model_name"] or "default"),
     dump_hlo=bool(raw["dump_hlo"]),
+    dump_hlo_flags=_dump_flags(raw) if raw["dump_hlo"] else [],
   )
+
+
+def _dump_flags(raw: dict[str, Any]) -> list[str]:
+  """MaxText's own dump_hlo flags (validate_and_set_hlo_dump_defaults), which it sets only when XLA_FLAGS
+  is empty: with a flag profile (every GPU recipe) dump_hlo=true would silently dump nothing."""
+  flags = [f"--xla_dump_to={raw['dump_hlo_local_dir'] or '/tmp/xla_dump/'}", "--xla_dump_large_constants"]
+  module = raw.get("dump_hlo_local_module_name")
+  return flags + ([f"--xla_dump_hlo_module_re={module}"] if module else [])
 
 
 def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys) -> list[str]:
@@ -170,12 +185,17 @@ _UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")
 
 def one_line(err: Exception) -> str:
   """Turns MaxText's and pydantic's multi-line config errors into one actionable line."""
+  if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+    mark = err.problem_mark
+    return f"{mark.name}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
   if isinstance(err, pydantic.ValidationError):
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]) or "config"
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] in ("value_error", "assertion_error"):
       return msg
+    if e["type"] == "list_type":
+      return f"'{loc}' takes a list, as {loc}=[a,b] on the command line (got {e.get('input')!r})"
     return f"bad value for '{loc}': {msg} (got {e.get('input')!r})"
   text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
   m = _UNKNOWN_KEY.match(text)

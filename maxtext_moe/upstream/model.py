@@ -2,18 +2,21 @@
 
 - `param_leaves`: (path, shape, logical axes) of every parameter, from `jax.eval_shape` of MaxText's own
   init (nothing is allocated): what checkpoint conversion fills and the planner shards.
-- `load_and_forward`: loads a parameter checkpoint with MaxText's `load_params_from_path` (what
-  `load_parameters_path` runs in training) and returns the logits, with our MoE block installed.
+- `Forward` / `load_and_forward`: loads a parameter checkpoint with MaxText's `load_params_from_path` (what
+  `load_parameters_path` runs in training) and returns logits, with our MoE block installed.
 - `routed_moe_layer`: one MaxText `RoutedMoE` built from a config, for benchmarks.
 """
 
 import contextlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.core.spmd import logical_axis_rules
 from maxtext.common import checkpointing
@@ -22,7 +25,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mla_norm, moe_layer, te
+from maxtext_moe.upstream import mla_norm, moe_layer, orbax, te
 from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
@@ -61,23 +64,64 @@ def param_leaves(cfg: Any) -> list[Leaf]:
   return leaves
 
 
-def load_and_forward(cfg: Any, params_path: str, tokens: Any) -> jax.Array:
-  """The model's logits for `tokens` [B, S] (positions 0..S-1) with the parameters at `params_path`."""
-  model, mesh = _linen_model(cfg)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-    nn.unbox(maxtext_utils.get_abstract_param(model, cfg)),
-  )
-  params = checkpointing.load_params_from_path(params_path, abstract, cfg.checkpoint_storage_concurrent_gb)
-  tokens = jnp.asarray(tokens, jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-  moe_layer.prepare_te_ep(cfg)
-  with installed(model_patches()), te.shard_guard(), jax.set_mesh(mesh), logical_axis_rules(cfg.logical_axis_rules):
-    out = model.apply(
+class Forward:
+  """A parameter checkpoint loaded once (MaxText's `load_params_from_path`, what `load_parameters_path`
+  runs in training) and a jitted forward pass: `forward(tokens)` gives the logits for `tokens` [B, S]
+  (positions 0..S-1), with our MoE block installed. B must divide by the device count."""
+
+  def __init__(self, cfg: Any, params_path: str):
+    self.cfg = cfg
+    self.model, self.mesh = _linen_model(cfg)
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+      nn.unbox(maxtext_utils.get_abstract_param(self.model, cfg)),
+    )
+    gb = cfg.checkpoint_storage_concurrent_gb
+    self.params = checkpointing.load_params_from_path(params_path, {"params": abstract["params"]}, gb)
+    others = {k: v for k, v in abstract.items() if k != "params"}  # MoEBiasVar (the routing bias)
+    if others:
+      try:  # a converted or parameter checkpoint keeps them next to params
+        self.params |= checkpointing.load_params_from_path(params_path, others, gb)
+      except ValueError:  # a training checkpoint keeps NNX's non-Param state under nnx_aux/model
+        self.params |= _training_aux(Path(params_path), others, replicated)
+    moe_layer.prepare_te_ep(cfg)
+    self._apply = jax.jit(self._logits)
+
+  def _logits(self, params: Any, tokens: jax.Array) -> jax.Array:
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    out = self.model.apply(
       params, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False, mutable=True
     )
-  return out[0] if isinstance(out, tuple) else out
+    return out[0] if isinstance(out, tuple) else out
+
+  def __call__(self, tokens: Any) -> jax.Array:
+    cfg = self.cfg
+    with (
+      installed(model_patches()),
+      te.shard_guard(),
+      jax.set_mesh(self.mesh),
+      logical_axis_rules(cfg.logical_axis_rules),
+    ):
+      return self._apply(self.params, jnp.asarray(tokens, jnp.int32))
+
+
+def _training_aux(path: Path, abstract: dict[str, Any], sharding: Any) -> dict[str, Any]:
+  """The leaves of `abstract` ({collection: tree}) as a MaxText training checkpoint stores them."""
+  items = path / orbax.ITEMS if (path / orbax.ITEMS).is_dir() else path
+  meta = json.loads((items / "_METADATA").read_text())
+
+  def read(keys: tuple, leaf: jax.ShapeDtypeStruct) -> jax.Array:
+    name = ".".join(["nnx_aux", "model", *(str(getattr(k, "key", k)) for k in keys[1:])])
+    store = orbax.open_array(items, name, ocdbt=bool(meta.get("use_ocdbt")), zarr3=bool(meta.get("use_zarr3")))
+    return jax.device_put(np.asarray(store.read().result(), leaf.dtype), sharding)
+
+  return jax.tree_util.tree_map_with_path(read, abstract)
+
+
+def load_and_forward(cfg: Any, params_path: str, tokens: Any) -> jax.Array:
+  """The model's logits for `tokens` [B, S] (positions 0..S-1) with the parameters at `params_path`."""
+  return Forward(cfg, params_path)(tokens)
 
 
 def routed_moe_layer(cfg: Any) -> tuple[Callable, Callable, Any, jax.Array, Callable]:

@@ -6,21 +6,30 @@ For one run, `run_trainer` installs (and afterwards removes):
 - `train.loss_fn` -> also sends the block's per-step stats to the run's `StatsChannel` (jax.debug.callback);
 - `train.warmup_programs` -> also discards the stats of its warm-up steps;
 - `MetricLogger.__init__` / `write_metrics` -> `hooks.start(config, start_step)` once the checkpoint (if
-  any) is restored, then `hooks.step(step, scalars)` with MaxText's scalars and the step's `moe/*` ones.
+  any) is restored, then `hooks.step(step, scalars)` with MaxText's scalars and the step's `moe/*` ones;
+  and `hooks.eval(step, scalars)` with the held-out pass that followed train step `step` (eval_interval);
+- `multihost_dataloading._terminate_iterator_workers` -> the same, without its AssertionError on grain
+  iterators that have no parent;
+- MaxText's checkpoint restore, preemption test and optimizer (`upstream.recovery`).
 """
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import flags as absl_flags
+from jax.experimental import io_callback
 from maxtext.common import metric_logger
 from maxtext.configs import pyconfig
+from maxtext.input_pipeline import multihost_dataloading
 from maxtext.trainers.pre_train import train
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream import moe_layer, te
+from maxtext_moe.upstream import moe_layer, recovery, te
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed, original
@@ -33,6 +42,8 @@ class RunHooks(Protocol):
 
   def step(self, step: int, scalars: dict[str, float]) -> None: ...
 
+  def eval(self, step: int, scalars: dict[str, float]) -> None: ...
+
 
 @dataclass
 class _Run:
@@ -41,6 +52,14 @@ class _Run:
   config: Any  # MaxText's HyperParameters of the resolved config
   hooks: RunHooks
   channel: moe_stats.StatsChannel = field(default_factory=moe_stats.StatsChannel)
+  start_step: int = 0
+  train_calls: int = 0  # host-side count of train-step loss evaluations (fault_nan_loss_steps)
+
+  def poison(self) -> np.float32:
+    """NaN for the steps fault_nan_loss_steps names, else 0 (added to the loss)."""
+    step = self.start_step + self.train_calls
+    self.train_calls += 1
+    return np.float32(np.nan if step in self.config.fault_nan_loss_steps else 0.0)
 
   def moe_metrics(self) -> dict[str, float]:
     cfg = self.config
@@ -70,6 +89,7 @@ def _patches(run: _Run) -> list[Patch]:
   warmup = original(train, "warmup_programs")
   logger_init = original(metric_logger.MetricLogger, "__init__")
   write = original(metric_logger.MetricLogger, "write_metrics")
+  terminate = original(multihost_dataloading, "_terminate_iterator_workers")
 
   def initialize(argv=None, config_class=None, **kwargs):
     del argv, config_class, kwargs  # resolved once, by the launcher
@@ -77,6 +97,9 @@ def _patches(run: _Run) -> list[Patch]:
 
   def wrapped_loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
     loss, aux = loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train)
+    if is_train and run.config.fault_nan_loss_steps:
+      poison = io_callback(run.poison, jax.ShapeDtypeStruct((), jnp.float32), ordered=False)
+      loss = loss * (1 + poison.astype(loss.dtype))  # NaN in the loss and, through it, in every gradient
     stats = _collect_stats(aux) if is_train else None
     if stats is not None:
       jax.debug.callback(run.channel.push, stats)
@@ -85,10 +108,12 @@ def _patches(run: _Run) -> list[Patch]:
   def wrapped_warmup(*args, **kwargs):
     out = warmup(*args, **kwargs)
     run.channel.clear()
+    run.train_calls = 0  # warm-up steps are not training steps
     return out
 
   def logger_start(self, config, learning_rate_schedule, start_step=0):
     logger_init(self, config, learning_rate_schedule, start_step)
+    run.start_step, run.train_calls = int(start_step), 0  # warm-up programs ran before: count from here
     run.hooks.start(config, start_step)
 
   def write_metrics(self, metrics, step, metric_type="train"):
@@ -96,6 +121,17 @@ def _patches(run: _Run) -> list[Patch]:
     if metric_type == "train" and metrics:
       scalars = {k: float(v) for k, v in metrics["scalar"].items()}
       run.hooks.step(int(step), scalars | run.moe_metrics())
+    elif metric_type == "eval" and metrics:  # the whole held-out pass after train step `step`
+      run.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
+
+  def terminate_iterator_workers(obj):
+    # maxtext 0.2.5 probes `hasattr(it, "_parent")`, and grain's DatasetIterator._parent asserts (not
+    # AttributeError) on an iterator with no parent: every SFT run printed an ignored AssertionError
+    # traceback when its iterators were collected. Such an iterator has no workers to terminate.
+    try:
+      terminate(obj)
+    except AssertionError:
+      pass
 
   return [
     *model_patches(),
@@ -104,14 +140,19 @@ def _patches(run: _Run) -> list[Patch]:
     Patch(train, "warmup_programs", wrapped_warmup),
     Patch(metric_logger.MetricLogger, "__init__", logger_start),
     Patch(metric_logger.MetricLogger, "write_metrics", write_metrics),
+    Patch(multihost_dataloading, "_terminate_iterator_workers", terminate_iterator_workers),
   ]
 
 
-def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks) -> None:
-  """Runs MaxText's pre-training loop in this process on `cfg`, with our block and hooks installed."""
+def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None) -> None:
+  """Runs MaxText's pre-training loop in this process on `cfg`, with our block, hooks and recovery
+  (`upstream.recovery`) installed."""
   run = _Run(hyperparameters(cfg), hooks)
   moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed(_patches(run)), te.shard_guard():
-    train.main(["", "<config resolved by maxtext-moe>"])
+  with installed([*_patches(run), *recovery.patches(rec or recovery.Recovery())]), te.shard_guard():
+    try:
+      train.main(["", "<config resolved by maxtext-moe>"])
+    finally:
+      gc.collect()  # the data iterators (in reference cycles) are closed while the patches are in place

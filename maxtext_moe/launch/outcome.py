@@ -1,0 +1,63 @@
+"""How a run that ended early is reported: one line saying what happened, what was kept, and the exact
+command that continues it. Raised as RunEnded; the CLI prints it and exits with its code."""
+
+import datetime
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+from maxtext_moe.errors import EXIT_RESUMABLE, RunEnded
+
+NONFINITE = "nonfinite_checkpoints"
+
+
+def resume_command(recipe: str | None, user_overrides: tuple[str, ...], run_name: str) -> str:
+  """The command that continues this run: the same recipe and overrides, its run_name pinned."""
+  kept = [o for o in user_overrides if not o.startswith("run_name=")]
+  return shlex.join(["maxtext-moe", "train", *([recipe] if recipe else []), *kept, f"run_name={run_name}"])
+
+
+def checkpoint_steps(checkpoint_dir: Path) -> list[int]:
+  """Steps of the complete checkpoints (Orbax writes a step's directory under a temporary name first)."""
+  if not checkpoint_dir.is_dir():
+    return []
+  return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def stopped(signal_name: str, step: int, checkpoint_dir: Path, command: str) -> RunEnded:
+  return RunEnded(
+    f"stopped by {signal_name} after step {step + 1}; checkpoint {step} saved in {checkpoint_dir}; "
+    f"resume with: {command}",
+    EXIT_RESUMABLE,
+  )
+
+
+def _move_after(checkpoint_dir: Path, bad_step: int) -> list[int]:
+  """Moves checkpoints saved at or after the non-finite step (their weights may be NaN) out of the way
+  of a resume, under RUN/nonfinite_checkpoints/."""
+  later = [s for s in checkpoint_steps(checkpoint_dir) if s >= bad_step]
+  if later:
+    target = checkpoint_dir.parent / NONFINITE
+    target.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for s in later:
+      shutil.move(str(checkpoint_dir / str(s)), target / f"{s}-{stamp}")
+  return later
+
+
+def nonfinite(err: Any, checkpoint_dir: Path, command: str, *, lead: bool) -> RunEnded:
+  """The run stops on a NaN/Inf loss (`recorder.NonFiniteLoss`): which step, the last good checkpoint,
+  what to try."""
+  moved = _move_after(checkpoint_dir, err.step) if lead else []
+  good = [s for s in checkpoint_steps(checkpoint_dir) if s < err.step]
+  skipped = f" after skipping {err.skipped} non-finite step(s)" if err.skipped else ""
+  kept = (
+    f"the last good checkpoint is {good[-1]} ({checkpoint_dir / str(good[-1])})" if good else "no checkpoint before it"
+  )
+  aside = f", later ones moved to {checkpoint_dir.parent / NONFINITE}" if moved else ""
+  return RunEnded(
+    f"the loss became {err.kind} at step {err.step + 1}{skipped}; {kept}{aside}; try a lower learning_rate, "
+    f"more warm-up (warmup_steps_fraction), gradient_clipping_threshold, or on_nonfinite_loss=skip, then: {command}",
+    1,
+  )

@@ -1,0 +1,222 @@
+"""The catalogue of bad inputs: each gets the one line it must produce, exit code 2, and leaves nothing
+behind (the test compares the working directory before and after).
+
+The cases run `maxtext_moe.cli.main` in this process (a subprocess each would cost minutes): the same
+parsing, resolution and checks as the command line. What the CLI does at the file-descriptor level after
+the line (`maxtext_moe.stderr.last_word`) is exercised by the subprocess tests in test_errors.py and
+test_recovery.py; here the line is printed plainly so pytest keeps its own standard error.
+"""
+
+import os
+import sys
+import threading
+
+import pytest
+
+from conftest import REPO
+from maxtext_moe import cli
+
+FIXTURE = REPO / "tests" / "fixtures" / "hf_deepseek3_tiny" / "bf16"
+H200 = "h200x8/deepseek3-proxy-16b"
+FT = "cpu/deepseek3-tiny-finetune"
+SFT = ["train", "cpu/deepseek3-tiny-sft", "finetune=false"]
+SLURM_BAD = {
+  "SLURM_JOB_ID": "7",
+  "SLURM_STEP_NODELIST": "n1",
+  "SLURM_NTASKS": "2",
+  "SLURM_PROCID": "2",
+  "SLURM_LOCALID": "0",
+}
+
+# (id, argv with {tmp} for the case's directory, the message's start or a part of it)
+CASES = [
+  # configs
+  ("unknown_key", ["train", "learning_rat=1"], "unknown config key 'learning_rat'; did you mean 'learning_rate'?"),
+  ("bad_type", ["train", "steps=many"], "bad value for 'steps'"),
+  ("bad_enum", ["train", "progress=fancy"], "bad value for 'progress'"),
+  ("derived_key", ["train", "emb_dim=96"], "emb_dim is derived by MaxText from other keys"),
+  (
+    "flags_not_a_list",
+    ["train", "xla_flags_extra=--xla_foo"],
+    "'xla_flags_extra' takes a list, as xla_flags_extra=[a,b]",
+  ),
+  (
+    "flag_not_xla",
+    ["train", "xla_flags_extra=[foo]"],
+    "xla_flags_extra entry 'foo' is not of the form --xla_name=value",
+  ),
+  ("env_not_key_value", ["train", "env_extra=[NOEQUALS]"], "env_extra entry 'NOEQUALS' is not KEY=VALUE"),
+  ("zero_batch", ["train", "per_device_batch_size=0"], "per_device_batch_size=0 gives a global batch of 0 sequences"),
+  ("ep_not_dividing", ["train", "ici_expert_parallelism=3"], "num_experts=16 is not divisible by expert parallelism 3"),
+  ("two_auto_axes", ["train", "ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
+  ("override_without_equals", ["train", "cpu/deepseek3-tiny", "steps"], "expected key=value, got 'steps'"),
+  ("nonfinite_policy", ["train", "on_nonfinite_loss=maybe"], "bad value for 'on_nonfinite_loss'"),
+  ("nonfinite_skips", ["train", "max_nonfinite_skips=0"], "bad value for 'max_nonfinite_skips'"),
+  # the MoE block and the GPU path
+  ("no_sparse_matmul", ["train", "sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path"),
+  ("te_ep_here", ["train", "moe_dispatch=te_ep", "ici_expert_parallelism=2"], "moe_dispatch=te_ep cannot run here:"),
+  ("te_gemm_here", ["train", "moe_gemm_backend=te"], "moe_gemm_backend=te needs Transformer Engine on a GPU"),
+  ("fp8_without_te", ["train", "moe_gemm_quantization=fp8"], "moe_gemm_quantization=fp8 needs moe_gemm_backend=te"),
+  ("ragged_on_cpu", ["train", "moe_dispatch=ragged_all_to_all"], "moe_dispatch=ragged_all_to_all needs a GPU or TPU"),
+  (
+    "capacity_with_ragged",
+    ["train", "moe_dispatch=ragged_all_to_all", "moe_capacity_factor=1.5"],
+    "is always dropless",
+  ),
+  # recipes
+  (
+    "misspelled_recipe",
+    ["train", "cpu/deepseek3-tini"],
+    "unknown recipe 'cpu/deepseek3-tini'; did you mean 'cpu/deepseek3-tiny'?",
+  ),
+  ("invalid_yaml", ["train", "{tmp}/bad.yml"], "bad.yml: invalid YAML at line 3, column 1: "),
+  ("yaml_extension", ["train", "{tmp}/recipe.yaml"], "config files must end in .yml (MaxText's rule)"),
+  # paths and data
+  ("output_is_a_file", ["train", "base_output_directory={tmp}/plainfile/runs"], "plainfile is a file, so "),
+  (
+    "output_unwritable",
+    ["train", "base_output_directory=/proc/runs"],
+    "base_output_directory=/proc/runs: /proc is not writable",
+  ),
+  ("no_data_files", ["train", "grain_train_files={tmp}/none/*.parquet"], "grain_train_files="),
+  (
+    "no_tokenizer",
+    ["train", "tokenizer_path={tmp}/missing.model"],
+    "missing.model does not exist (tokenizer_type=sentencepiece)",
+  ),
+  # checkpoints and fine-tuning
+  ("finetune_without_weights", ["train", FT], "finetune=true needs weights to start from: set load_parameters_path"),
+  ("finetune_missing_checkpoint", ["train", FT, "load_parameters_path={tmp}/ckpt/items"], "does not exist"),
+  ("finetune_not_orbax", ["train", FT, "load_parameters_path={tmp}"], "is not an Orbax checkpoint (no _METADATA)"),
+  # conversion
+  ("convert_without_hf", ["convert", "hf-to-maxtext", "--out", "{tmp}/out"], "hf-to-maxtext needs --hf DIR"),
+  ("convert_without_ckpt", ["convert", "maxtext-to-hf", "--out", "{tmp}/out"], "maxtext-to-hf needs --ckpt DIR"),
+  (
+    "convert_out_under_file",
+    ["convert", "hf-to-maxtext", "--hf", str(FIXTURE), "--out", "{tmp}/plainfile/x"],
+    "plainfile is a file",
+  ),
+  (
+    "convert_out_exists",
+    ["convert", "hf-to-maxtext", "--hf", str(FIXTURE), "--out", "{tmp}"],
+    "already exists; pass --force",
+  ),
+  ("convert_hf_missing", ["convert", "hf-to-maxtext", "--hf", "{tmp}/nohf", "--out", "{tmp}/out"], "nohf"),
+  # SFT data (checked before anything is compiled or written)
+  ("sft_no_messages_column", [*SFT, "grain_train_files={tmp}/text.parquet"], "text.parquet has no 'messages' column"),
+  (
+    "sft_unknown_role",
+    [*SFT, "grain_train_files={tmp}/tool.jsonl"],
+    "tool.jsonl line 1: turn 1 has the unknown role 'tool'",
+  ),
+  ("sft_no_assistant", [*SFT, "grain_train_files={tmp}/noanswer.jsonl"], "noanswer.jsonl line 2: no assistant turn"),
+  ("sft_not_json", [*SFT, "grain_train_files={tmp}/broken.jsonl"], "broken.jsonl line 1: not valid JSON"),
+  ("sft_empty_eval", [*SFT, "grain_eval_files={tmp}/empty.jsonl"], "the held-out split is empty"),
+  ("sft_tokenizer_missing", [*SFT, "tokenizer_path={tmp}/notok"], "is not a directory (tokenizer_type=huggingface)"),
+  ("sft_no_template", [*SFT, "tokenizer_path={tmp}/tok_plain"], "has no chat template; set chat_template"),
+  ("sft_template_fails", [*SFT, "tokenizer_path={tmp}/tok_bad"], "line 1: the chat template does not render"),
+  ("sft_too_long", [*SFT, "max_target_length=8", "sft_overlength=refuse"], "are longer than max_target_length=8"),
+  ("sft_eval_without_weights", ["eval", "cpu/deepseek3-tiny-sft", "finetune=false"], "eval needs load_parameters_path"),
+  # plan, bench, k8s
+  ("plan_without_recipe", ["plan"], "plan needs a RECIPE"),
+  ("plan_zero_gpus", ["plan", H200, "--gpus", "0"], "--gpus must be >= 1, got 0"),
+  ("bench_te_here", ["bench", "moe", "--backends", "te"], "bench moe --backends te needs Transformer Engine on a GPU"),
+  (
+    "k8s_wrong_nodes",
+    ["k8s", H200, "--nodes", "3", "--image", "x"],
+    "the recipe lays out 8 GPUs but 3 nodes x 8 GPUs = 24",
+  ),
+  ("k8s_bad_name", ["k8s", H200, "--nodes", "1", "--image", "x", "--name", "Bad_Name"], "--name 'Bad_Name'"),
+  # distributed
+  (
+    "flags_not_together",
+    ["train", "--coordinator", "127.0.0.1:1234"],
+    "--coordinator, --num-processes and --process-id go together",
+  ),
+  (
+    "coordinator_not_host_port",
+    ["train", "--coordinator", "x", "--num-processes", "2", "--process-id", "0"],
+    "is not HOST:PORT",
+  ),
+  (
+    "process_id_out_of_range",
+    ["train", "--coordinator", "h:1", "--num-processes", "2", "--process-id", "5"],
+    "process id 5 is not in 0..1",
+  ),
+  ("init_timeout_zero", ["train", "--init-timeout", "0"], "--init-timeout must be > 0 seconds, got 0"),
+  (
+    "coordinator_unreachable",
+    ["train", "--coordinator", "127.0.0.1:9", "--num-processes", "2", "--process-id", "1", "--init-timeout", "1"],
+    "process 1 could not reach the coordinator 127.0.0.1:9 within 1 s",
+  ),
+  ("slurm_inconsistent", ["train", "ENV:slurm"], "SLURM: process id 2 is not in 0..1"),
+  ("launch_zero_procs", ["launch", "--nproc-per-node", "0", "--", "train"], "--nproc-per-node must be >= 1"),
+  (
+    "launch_nodes_without_coordinator",
+    ["launch", "--nproc-per-node", "2", "--nnodes", "2", "--", "train"],
+    "2 nodes need --coordinator",
+  ),
+  ("launch_without_command", ["launch", "--nproc-per-node", "2"], "launch needs the command to run after '--'"),
+]
+
+
+def _sft_inputs(d):
+  """Conversation files and tokenizer directories for the SFT cases."""
+  import json
+  import shutil
+
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from maxtext_moe.data import arithmetic
+
+  good = json.dumps(arithmetic.conversation(12, 34))
+  pq.write_table(pa.table({"text": ["hello"]}), d / "text.parquet")
+  (d / "tool.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x"}]}\n')
+  (d / "noanswer.jsonl").write_text(good + '\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+  (d / "broken.jsonl").write_text('{"messages": [\n')
+  (d / "empty.jsonl").write_text("\n")
+  for name, template in (("tok_plain", None), ("tok_bad", "{{ messages[0]['content'] + 1 }}")):
+    shutil.copytree(arithmetic.example_dir() / "tokenizer", d / name)
+    cfg_path = d / name / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg.pop("chat_template", None)
+    (d / name / "chat_template.jinja").unlink(missing_ok=True)
+    if template:
+      tok_cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(tok_cfg))
+
+
+@pytest.fixture
+def case_dir(tmp_path, monkeypatch):
+  """A working directory with the inputs some cases need; the environment and Python's hooks restored."""
+  (tmp_path / "plainfile").write_text("not a directory")
+  (tmp_path / "bad.yml").write_text("base_config: deepseek3-tiny.yml\nsteps: 3\n: oops\n")
+  (tmp_path / "recipe.yaml").write_text("steps: 3\n")
+  _sft_inputs(tmp_path)
+  monkeypatch.chdir(tmp_path)
+  saved_env = dict(os.environ)
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+  monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+  monkeypatch.setattr(cli, "last_word", lambda line, verbose: print(line, file=sys.stderr))
+  yield tmp_path
+  os.environ.clear()
+  os.environ.update(saved_env)
+
+
+@pytest.mark.parametrize(("name", "argv", "expected"), CASES, ids=[f"bad_input_{c[0]}" for c in CASES])
+def test_bad_input(name, argv, expected, case_dir, capfd, monkeypatch):
+  del name
+  if argv[1:2] == ["ENV:slurm"]:
+    argv = argv[:1]
+    for key, value in SLURM_BAD.items():
+      monkeypatch.setenv(key, value)
+  argv = [a.replace("{tmp}", str(case_dir)) for a in argv]
+  before = sorted(p.relative_to(case_dir) for p in case_dir.rglob("*"))
+  code = cli.main(argv)
+  err = capfd.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith("maxtext-moe: error:")]
+  assert code == 2, err[-3000:]
+  assert len(lines) == 1 and expected.replace("{tmp}", str(case_dir)) in lines[0], err[-3000:]
+  assert "Traceback" not in err
+  assert sorted(p.relative_to(case_dir) for p in case_dir.rglob("*")) == before, "nothing left behind"
