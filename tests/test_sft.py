@@ -115,7 +115,8 @@ def test_sft_example_learns_evaluates_and_exports(tmp_path):
     ["convert", "hf-to-maxtext", "--hf", str(FIXTURE), "--out", str(ckpt), "--dtype", "float32"], cwd=tmp_path
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  args = ["train", RECIPE, *model, f"load_parameters_path={ckpt}/items", f"base_output_directory={runs}"]
+  # Relative checkpoint paths, as a user types them (Orbax itself refuses relative paths).
+  args = ["train", RECIPE, *model, "load_parameters_path=ckpt/items", f"base_output_directory={runs}"]
   proc = run_cli([*args, "run_name=sft", "steps=41", "checkpoint_period=40", "progress=plain"], cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "eval after step 41: eval_loss" in proc.stdout and "Traceback" not in proc.stderr
@@ -130,7 +131,7 @@ def test_sft_example_learns_evaluates_and_exports(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
-  before, after = evaluate(f"{ckpt}/items"), evaluate(runs / "sft" / "checkpoints" / "40" / "items")
+  before, after = evaluate(f"{ckpt}/items"), evaluate("runs/sft/checkpoints/40/items")
   assert after["completion_tokens"] == 913 and after["conversations"] == 256
   # Two computations of one number: MaxText's packed eval in the run, our teacher forcing here.
   assert after["completion_loss"] == pytest.approx(evals[-1]["eval_loss"], abs=2e-4)
@@ -139,7 +140,7 @@ def test_sft_example_learns_evaluates_and_exports(tmp_path):
 
   hf1, hf2 = tmp_path / "hf1", tmp_path / "hf2"
   proc = run_cli(
-    ["convert", "maxtext-to-hf", "--ckpt", str(runs / "sft" / "checkpoints" / "40"), "--out", str(hf1)], cwd=tmp_path
+    ["convert", "maxtext-to-hf", "--ckpt", "runs/sft/checkpoints/40", "--out", str(hf1)], cwd=tmp_path
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   src, out = HFCheckpoint(FIXTURE), HFCheckpoint(hf1)

@@ -35,6 +35,8 @@ class _Notices(io.TextIOBase):
     return len(text)
 
   def flush(self) -> None:
+    if self._target.closed:  # a library kept this stream past the command (a log handler) and flushes at exit
+      return
     if self._pending and not self._pending.startswith(self._drop):
       self._target.write(self._pending)
     self._pending = ""

@@ -132,3 +132,14 @@ def check_inputs(cfg: Any) -> None:
       f"tokenizer_path={tokenizer} is not a directory (tokenizer_type=huggingface); point it at the "
       "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
     )
+
+
+def absolute_checkpoint_paths(cfg: Any) -> Any:
+  """`cfg` with a relative load_parameters_path / load_full_state_path made absolute: Orbax's OCDBT spec
+  refuses a relative path, with a traceback from deep inside the restore."""
+  update = {}
+  for key in ("load_parameters_path", "load_full_state_path"):
+    value = str(getattr(cfg, key) or "")
+    if value and "://" not in value and not Path(value).is_absolute():
+      update[key] = str(Path(value).absolute())
+  return cfg.model_copy(update=update) if update else cfg

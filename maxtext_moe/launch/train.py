@@ -17,7 +17,13 @@ from typing import IO, Any
 from maxtext_moe.config import flags, recipes
 from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch import sft_data
-from maxtext_moe.launch.preflight import check_inputs, check_moe_path, check_platform, check_visible_devices
+from maxtext_moe.launch.preflight import (
+  absolute_checkpoint_paths,
+  check_inputs,
+  check_moe_path,
+  check_platform,
+  check_visible_devices,
+)
 
 
 def _check_overrides(overrides: list[str]) -> None:
@@ -204,7 +210,7 @@ def train(
   check_platform(cfg, platform=jax.default_backend())
   check_moe_path(cfg)
   check_inputs(cfg)
-  cfg = sft_data.prepare(cfg, lead=jax.process_index() == 0)
+  cfg = sft_data.prepare(absolute_checkpoint_paths(cfg), lead=jax.process_index() == 0)
   recorder = _start_run(cfg, launch, applied, job, out)
   return _run(cfg, launch, recipe, recorder, distributed=job is not None)
 

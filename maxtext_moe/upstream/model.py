@@ -70,6 +70,7 @@ class Forward:
   (positions 0..S-1), with our MoE block installed. B must divide by the device count."""
 
   def __init__(self, cfg: Any, params_path: str):
+    params_path = str(Path(params_path).absolute())  # Orbax's OCDBT spec refuses a relative path
     self.cfg = cfg
     self.model, self.mesh = _linen_model(cfg)
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())

@@ -77,10 +77,11 @@ def save_single_step(staging: Path, tree: dict[str, Any]) -> Path:
 
 
 def open_array(items_dir: Path, name: str, *, ocdbt: bool, zarr3: bool) -> Any:
-  """The TensorStore array of leaf `name` (dotted path) in an Orbax PyTree checkpoint, opened for reading."""
+  """The TensorStore array of leaf `name` (dotted path) in an Orbax PyTree checkpoint, opened for reading.
+  The directory is made absolute: Orbax's OCDBT spec refuses a relative one."""
   info = ocp_types.ParamInfo(
     name=name,
-    parent_dir=items_dir,
+    parent_dir=Path(items_dir).absolute(),
     is_ocdbt_checkpoint=ocdbt,
     use_zarr3=zarr3,
     ts_context=ts_utils.get_ts_context(use_ocdbt=ocdbt),
