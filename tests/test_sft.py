@@ -139,9 +139,7 @@ def test_sft_example_learns_evaluates_and_exports(tmp_path):
   print(f"exact match before {before['exact_match']:.3f}, after {after['exact_match']:.3f}")
 
   hf1, hf2 = tmp_path / "hf1", tmp_path / "hf2"
-  proc = run_cli(
-    ["convert", "maxtext-to-hf", "--ckpt", "runs/sft/checkpoints/40", "--out", str(hf1)], cwd=tmp_path
-  )
+  proc = run_cli(["convert", "maxtext-to-hf", "--ckpt", "runs/sft/checkpoints/40", "--out", str(hf1)], cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   src, out = HFCheckpoint(FIXTURE), HFCheckpoint(hf1)
   assert set(out.tensors) == set(src.tensors)
