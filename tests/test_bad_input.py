@@ -117,6 +117,9 @@ CASES = [
   ("sft_template_fails", [*SFT, "tokenizer_path={tmp}/tok_bad"], "line 1: the chat template does not render"),
   ("sft_too_long", [*SFT, "max_target_length=8", "sft_overlength=refuse"], "are longer than max_target_length=8"),
   ("sft_eval_without_weights", ["eval", "cpu/deepseek3-tiny-sft", "finetune=false"], "eval needs load_parameters_path"),
+  # report
+  ("report_missing", ["report", "{tmp}/norun"], "norun is not a directory"),
+  ("report_foreign", ["report", "{tmp}"], "is not a maxtext-moe run directory"),
   # plan, bench, k8s
   ("plan_without_recipe", ["plan"], "plan needs a RECIPE"),
   ("plan_zero_gpus", ["plan", H200, "--gpus", "0"], "--gpus must be >= 1, got 0"),

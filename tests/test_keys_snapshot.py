@@ -24,6 +24,7 @@ SNAPSHOT = (
   "max_nonfinite_skips",
   "checkpoint_fallback",
   "fault_nan_loss_steps",
+  "moe_load_every",
   "sft_overlength",
   "finetune",
 )

@@ -13,6 +13,7 @@
   maxtext-moe k8s RECIPE --nodes N --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
   maxtext-moe data show RECIPE [key=value ...]  SFT rows as the model sees them, loss-carrying tokens marked
   maxtext-moe eval RECIPE load_parameters_path=... held-out completion loss and greedy exact match
+  maxtext-moe report RUN_DIR [--json]           a run's plots and summary, rebuilt from its files
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
 wrong type, impossible layout) prints one line on standard error and exits with 2.

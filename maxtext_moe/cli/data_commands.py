@@ -1,4 +1,4 @@
-"""The commands about fine-tuning data and its result: data show, data example, eval."""
+"""The commands about data and results: data show, data example, eval, report."""
 
 import argparse
 import json
@@ -55,6 +55,18 @@ def _eval(ns: argparse.Namespace, out: IO[str]) -> int:
   return 0
 
 
+def _report(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.launch import report  # pylint: disable=import-outside-toplevel
+
+  summary, written = report.report(Path(ns.run_dir))
+  if ns.json:
+    print(json.dumps(summary | {"files": [str(p) for p in written]}), file=out)
+  else:
+    print(report.format_summary(summary), file=out)
+    print(f"  pictures      {', '.join(str(p) for p in written)}", file=out)
+  return 0
+
+
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
   p = sub.add_parser(
     "data",
@@ -88,3 +100,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p.add_argument("--limit", type=int, help="score only the first N conversations")
   p.add_argument("--json", action="store_true", help="print the report as one JSON object")
   p.set_defaults(func=_eval)
+
+  p = sub.add_parser(
+    "report",
+    parents=[common],
+    help="a run directory's pictures and summary, rebuilt from its files",
+    epilog="Example: maxtext-moe report runs/deepseek3-tiny-cpu-20261130-120000 --json",
+    description="Read RUN_DIR's metrics.jsonl and moe_load.jsonl (nothing else: a run copied off a cluster "
+    "works), rewrite loss.png, moe_load.png (experts x steps load per MoE layer) and moe_balance.png (max/mean "
+    "load and routing-bias magnitude over steps), and print the loss, eval loss, median throughput, dropped "
+    "tokens and the worst-balanced layer and step.",
+  )
+  p.add_argument("run_dir", metavar="RUN_DIR")
+  p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+  p.set_defaults(func=_report)

@@ -160,6 +160,12 @@ class PluginKeys(BaseModel):
     description="Testing aid: these training steps' loss is replaced by NaN (counted from the run's first "
     "step, one train-step call each; needs gradient_accumulation_steps=1).",
   )
+  moe_load_every: int = Field(
+    10,
+    ge=0,
+    description="Every N steps (and at the last) write each MoE layer's per-expert load and mean |routing "
+    "bias| to RUN/moe_load.jsonl, pictured in moe_load.png and moe_balance.png at the end; 0: never.",
+  )
   sft_overlength: Overlength = Field(
     Overlength.TRUNCATE,
     description="use_sft: conversations longer than max_target_length tokens are truncated (the launcher "

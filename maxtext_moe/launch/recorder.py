@@ -102,6 +102,8 @@ class RunRecorder:
   nonfinite_in_a_row: int = 0
   nonfinite_skipped: int = 0
   last_eval: float | None = None
+  load_every: int = 0  # moe_load_every: write the per-layer expert load every N steps (0: never)
+  load_name: str = "moe_load.jsonl"
   rows: list[dict[str, Any]] = field(default_factory=list)
   _file: IO[str] | None = None
   _bar: Any = None
@@ -117,8 +119,9 @@ class RunRecorder:
     if not self.writer:
       return
     self.run_dir.mkdir(parents=True, exist_ok=True)
-    kept = [r for r in read_jsonl(self.metrics_path) if r["step"] < start_step]
-    _rewrite_jsonl(self.metrics_path, kept)
+    for path in (self.metrics_path, self.run_dir / self.load_name):
+      if path.exists() or path == self.metrics_path:
+        _rewrite_jsonl(path, [r for r in read_jsonl(path) if r["step"] < start_step])
     self._file = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
     self._start_progress()
 
@@ -139,6 +142,16 @@ class RunRecorder:
     row = eval_row(step, scalars)
     self.last_eval = row["eval_loss"]
     self._append(row)
+
+  def layers(self, step: int, load_LE: Any, bias_L: Any) -> None:
+    """A step's [L, E] expert load and [L] mean |routing bias|: kept every `load_every` steps and at the
+    last step, one JSON row each in moe_load.jsonl."""
+    if not self.writer or not self.load_every or (step % self.load_every and step != self.total_steps - 1):
+      return
+    row = {"step": step, "load": [[int(v) for v in layer] for layer in load_LE]}
+    row["bias_abs_mean"] = [float(v) for v in bias_L]
+    with open(self.run_dir / self.load_name, "a", encoding="utf-8") as f:
+      f.write(json.dumps(row) + "\n")
 
   def _append(self, row: dict[str, Any]) -> None:
     self.rows.append(row)
@@ -197,10 +210,13 @@ class RunRecorder:
       self._bar.stop()
     if self._file is not None:
       self._file.close()
+    from maxtext_moe.launch import report  # pylint: disable=import-outside-toplevel  # report imports us
+
     all_rows = read_jsonl(self.metrics_path)
     summary = summarize(all_rows, self.rows)
     if self.plot_name and all_rows:
-      summary["loss_plot"] = str(plot_loss(all_rows, self.run_dir / self.plot_name))
+      summary["loss_plot"] = str(report.plot_loss(all_rows, self.run_dir / self.plot_name))
+    summary["moe_plots"] = [str(p) for p in report.moe_plots(self.run_dir, load_name=self.load_name)]
     last = max((r["step"] for r in all_rows if not is_eval(r)), default=-1)
     if self.rows and not stopped and last + 1 < self.total_steps:
       summary["ended_early_at"], summary["total_steps"] = last + 1, self.total_steps
@@ -269,30 +285,7 @@ def format_summary(s: dict[str, Any]) -> str:
   lines.append(f"  metrics     {s['metrics']}")
   if "loss_plot" in s:
     lines.append(f"  loss plot   {s['loss_plot']}")
+  if s.get("moe_plots"):
+    lines.append(f"  moe plots   {', '.join(s['moe_plots'])}")
   lines.append(f"  checkpoints {s['checkpoints']}")
   return "\n".join(lines)
-
-
-def plot_loss(rows: list[dict[str, Any]], path: Path) -> Path:
-  """Writes the loss curve as a PNG (matplotlib, no display needed)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  steps = [r["step"] + 1 for r in rows if r.get("loss") is not None]
-  losses = [r["loss"] for r in rows if r.get("loss") is not None]
-  evals = [(r["step"] + 1, r["eval_loss"]) for r in rows if is_eval(r) and r["eval_loss"] is not None]
-  fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-  ax.plot(steps, losses, lw=1.5, label="training loss")
-  if evals:
-    ax.plot(*zip(*evals, strict=True), "o-", lw=1.5, label="eval loss (held-out)")
-    ax.legend()
-  ax.set_xlabel("step")
-  ax.set_ylabel("loss")
-  ax.set_title(path.parent.name)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
-  return path

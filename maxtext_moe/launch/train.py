@@ -179,6 +179,7 @@ def _start_run(cfg: Any, launch: Launch, applied: dict[str, str], job: Any, out:
     writer=lead,
     skip_nonfinite=str(cfg.on_nonfinite_loss) == "skip",
     max_nonfinite_skips=int(cfg.max_nonfinite_skips),
+    load_every=int(cfg.moe_load_every),
   )
 
 

@@ -4,7 +4,8 @@ Inside the step each MoE layer records the block's stats (`moe_block`'s `stats`:
 scalars and the [E] expert load) under `INTERMEDIATE_PREFIX + name`; `reduce_layers` folds the layers
 into one dict (scalars summed, loads stacked [L, E]) that a `jax.debug.callback` hands to the run's
 `StatsChannel`. The metrics hook drains one entry per micro-batch for each logged step and turns them
-into the `moe/*` scalars of metrics.jsonl (`step_metrics`).
+into the `moe/*` scalars of metrics.jsonl (`step_metrics`) and the step's per-layer picture
+(`step_layers`: [L, E] assignments per expert, [L] mean |routing bias|).
 """
 
 import collections
@@ -19,7 +20,8 @@ import numpy as np
 INTERMEDIATE_PREFIX = "moe_plugin_"
 SCALARS = ("dropped", "rows_sent", "rows_sent_no_dedup", "buffer_rows")
 LOAD = "load"
-NAMES = (*SCALARS, LOAD)
+BIAS = "bias_abs_mean"  # per layer: mean |routing bias| (recorded by the MaxText seam, not the block)
+NAMES = (*SCALARS, LOAD, BIAS)
 
 
 class DroplessViolation(RuntimeError):
@@ -31,12 +33,14 @@ class CapacityOverflow(RuntimeError):
 
 
 def reduce_layers(per_name: Mapping[str, list[jax.Array]]) -> dict[str, jax.Array]:
-  """{name: [one leaf per layer group]} -> scalars summed over layers, `load` as [L, E] (any leaf layout:
-  a scanned group's leaf holds all its layers)."""
+  """{name: [one leaf per layer group]} -> scalars summed over layers, `load` as [L, E] and the bias
+  magnitude as [L] (any leaf layout: a scanned group's leaf holds all its layers)."""
   out = {name: sum(jnp.sum(leaf) for leaf in per_name[name]) for name in SCALARS}
   loads = per_name[LOAD]
   num_experts = loads[0].shape[-1]
   out[LOAD] = jnp.concatenate([leaf.reshape(-1, num_experts) for leaf in loads])
+  if per_name.get(BIAS):
+    out[BIAS] = jnp.concatenate([leaf.reshape(-1) for leaf in per_name[BIAS]])
   return out
 
 
@@ -97,3 +101,13 @@ def step_metrics(
     "moe/dispatch_bytes": total["rows_sent"] * row_bytes,
     "moe/dispatch_bytes_no_dedup": total["rows_sent_no_dedup"] * row_bytes,
   }
+
+
+def step_layers(entries: list[dict[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray] | None:
+  """(the step's [L, E] assignments per expert, summed over micro-batches; the [L] mean |routing bias|
+  after the step's last micro-batch), or None when the block did not run."""
+  if not entries:
+    return None
+  load = sum(e[LOAD] for e in entries)
+  bias = entries[-1].get(BIAS, np.zeros(load.shape[0]))
+  return np.asarray(load), np.asarray(bias)

@@ -28,7 +28,7 @@ from maxtext_moe.moe.settings import (
   resolve_backend,
   resolve_dispatch,
 )
-from maxtext_moe.moe.stats import INTERMEDIATE_PREFIX
+from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
 from maxtext_moe.upstream import te
 from maxtext_moe.upstream.patches import Patch, original
 
@@ -101,6 +101,14 @@ def _load_balance_loss(layer: Any, gate_logits, pre_bias_logits, top_k_indices):
   return layer.load_balance_loss(top_k_indices, probs)
 
 
+def _bias_magnitude(layer: Any) -> jax.Array:
+  """Mean |routing bias| of this layer (DeepSeek-V3's aux-loss-free correction bias; 0 without one)."""
+  bias = getattr(layer.gate, "bias", None)
+  if not isinstance(bias, mt_moe.MoEBiasVar):
+    return jnp.zeros((), jnp.float32)
+  return jnp.mean(jnp.abs(bias.value.astype(jnp.float32)))
+
+
 def _bias_updates(layer: Any, top_k_indices):
   """DeepSeek-V3's aux-loss-free bias update from the pre-dispatch top-k ids, as MaxText computes it."""
   cfg = layer.config
@@ -157,6 +165,7 @@ def dropless_sparse_matmul(
     expert_axis="expert" if ep > 1 else None,
     settings=settings_from_config(self.config),
   )
+  stats[BIAS] = _bias_magnitude(self)
   for name, value in stats.items():
     self.sow(nnx.Intermediate, INTERMEDIATE_PREFIX + name, value)
   lb_loss = _load_balance_loss(self, gate_logits, pre_bias_logits, ids_TK)

@@ -6,10 +6,13 @@ For one run, `run_trainer` installs (and afterwards removes):
 - `train.loss_fn` -> also sends the block's per-step stats to the run's `StatsChannel` (jax.debug.callback);
 - `train.warmup_programs` -> also discards the stats of its warm-up steps;
 - `MetricLogger.__init__` / `write_metrics` -> `hooks.start(config, start_step)` once the checkpoint (if
-  any) is restored, then `hooks.step(step, scalars)` with MaxText's scalars and the step's `moe/*` ones;
+  any) is restored, then `hooks.step(step, scalars)` with MaxText's scalars and the step's `moe/*` ones
+  (added to MaxText's own before it writes them, so TensorBoard has them too), `hooks.layers(step, load,
+  bias)` with the step's [L, E] expert load and [L] routing-bias magnitude,
   and `hooks.eval(step, scalars)` with the held-out pass that followed train step `step` (eval_interval);
 - `multihost_dataloading._terminate_iterator_workers` -> the same, without its AssertionError on grain
   iterators that have no parent;
+- `max_utils.initialize_summary_writer` -> a tensorboardX writer on the run's tensorboard_dir;
 - MaxText's checkpoint restore, preemption test and optimizer (`upstream.recovery`).
 """
 
@@ -26,7 +29,7 @@ from maxtext.common import metric_logger
 from maxtext.configs import pyconfig
 from maxtext.input_pipeline import multihost_dataloading
 from maxtext.trainers.pre_train import train
-from maxtext.utils import maxtext_utils
+from maxtext.utils import max_utils, maxtext_utils
 
 from maxtext_moe.moe import stats as moe_stats
 from maxtext_moe.upstream import moe_layer, recovery, te
@@ -43,6 +46,8 @@ class RunHooks(Protocol):
   def step(self, step: int, scalars: dict[str, float]) -> None: ...
 
   def eval(self, step: int, scalars: dict[str, float]) -> None: ...
+
+  def layers(self, step: int, load_LE: np.ndarray, bias_L: np.ndarray) -> None: ...
 
 
 @dataclass
@@ -61,16 +66,18 @@ class _Run:
     self.train_calls += 1
     return np.float32(np.nan if step in self.config.fault_nan_loss_steps else 0.0)
 
-  def moe_metrics(self) -> dict[str, float]:
+  def moe_step(self) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray] | None]:
+    """The oldest logged step's moe/* scalars and its per-layer picture (`moe_stats.step_layers`)."""
     cfg = self.config
     entries = self.channel.pop_step(max(int(cfg.gradient_accumulation_steps), 1))
     row_bytes = int(cfg.emb_dim) * cfg.dtype.itemsize
-    return moe_stats.step_metrics(
+    scalars = moe_stats.step_metrics(
       entries,
       row_bytes=row_bytes,
       capacity_factor=float(cfg.moe_capacity_factor),
       allow_drops=bool(cfg.moe_allow_drops),
     )
+    return scalars, moe_stats.step_layers(entries)
 
 
 def _collect_stats(aux: dict) -> dict[str, jax.Array] | None:
@@ -84,12 +91,40 @@ def _collect_stats(aux: dict) -> dict[str, jax.Array] | None:
   return moe_stats.reduce_layers(found) if all(found.values()) else None
 
 
+def _upstream_fixes() -> list[Patch]:
+  """Two maxtext 0.2.5 behaviours a run must not have."""
+  terminate = original(multihost_dataloading, "_terminate_iterator_workers")
+  summary_writer = original(max_utils, "initialize_summary_writer")
+
+  def initialize_summary_writer(tensorboard_dir, run_name, enable_tensorboard=True):
+    # In decoupled mode (no Google Cloud: ours) maxtext 0.2.5 writes TensorBoard events under its own
+    # package directory (site-packages/local_tensorboard); the run's tensorboard_dir is RUN/tensorboard.
+    if jax.process_index() != 0 or not enable_tensorboard:
+      return summary_writer(tensorboard_dir, run_name, enable_tensorboard)
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
+    return SummaryWriter(tensorboard_dir)
+
+  def terminate_iterator_workers(obj):
+    # maxtext 0.2.5 probes `hasattr(it, "_parent")`, and grain's DatasetIterator._parent asserts (not
+    # AttributeError) on an iterator with no parent: every SFT run printed an ignored AssertionError
+    # traceback when its iterators were collected. Such an iterator has no workers to terminate.
+    try:
+      terminate(obj)
+    except AssertionError:
+      pass
+
+  return [
+    Patch(multihost_dataloading, "_terminate_iterator_workers", terminate_iterator_workers),
+    Patch(max_utils, "initialize_summary_writer", initialize_summary_writer),
+  ]
+
+
 def _patches(run: _Run) -> list[Patch]:
   loss_fn = original(train, "loss_fn")
   warmup = original(train, "warmup_programs")
   logger_init = original(metric_logger.MetricLogger, "__init__")
   write = original(metric_logger.MetricLogger, "write_metrics")
-  terminate = original(multihost_dataloading, "_terminate_iterator_workers")
 
   def initialize(argv=None, config_class=None, **kwargs):
     del argv, config_class, kwargs  # resolved once, by the launcher
@@ -117,21 +152,20 @@ def _patches(run: _Run) -> list[Patch]:
     run.hooks.start(config, start_step)
 
   def write_metrics(self, metrics, step, metric_type="train"):
-    write(self, metrics, step, metric_type)
+    if metric_type != "train" or not metrics:
+      write(self, metrics, step, metric_type)
     if metric_type == "train" and metrics:
+      # Materialize the step's own scalars first: once they are ready, the step ran, and so did its stats
+      # callback (popping before could take a step whose callback has not run yet).
       scalars = {k: float(v) for k, v in metrics["scalar"].items()}
-      run.hooks.step(int(step), scalars | run.moe_metrics())
+      moe, layers = run.moe_step()
+      metrics["scalar"].update(moe)  # so MaxText's writers (TensorBoard) carry them too
+      write(self, metrics, step, metric_type)
+      run.hooks.step(int(step), scalars | moe)
+      if layers is not None:
+        run.hooks.layers(int(step), *layers)
     elif metric_type == "eval" and metrics:  # the whole held-out pass after train step `step`
       run.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
-
-  def terminate_iterator_workers(obj):
-    # maxtext 0.2.5 probes `hasattr(it, "_parent")`, and grain's DatasetIterator._parent asserts (not
-    # AttributeError) on an iterator with no parent: every SFT run printed an ignored AssertionError
-    # traceback when its iterators were collected. Such an iterator has no workers to terminate.
-    try:
-      terminate(obj)
-    except AssertionError:
-      pass
 
   return [
     *model_patches(),
@@ -140,7 +174,7 @@ def _patches(run: _Run) -> list[Patch]:
     Patch(train, "warmup_programs", wrapped_warmup),
     Patch(metric_logger.MetricLogger, "__init__", logger_start),
     Patch(metric_logger.MetricLogger, "write_metrics", write_metrics),
-    Patch(multihost_dataloading, "_terminate_iterator_workers", terminate_iterator_workers),
+    *_upstream_fixes(),
   ]
 
 
