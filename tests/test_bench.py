@@ -16,3 +16,18 @@ def test_measured_dedup_matches_the_analytic_expectation():
 def test_bench_cli_parses():
   ns = build_parser().parse_args(["bench", "moe", "--json", "--backends", "tiled"])
   assert (ns.which, ns.json, ns.backends) == ("moe", True, ["tiled"])
+
+
+def test_bounded_ep_measurement_on_a_small_shape(monkeypatch):
+  """`bench moe`'s bounded-memory rows on a shape small enough for a test: less XLA temporary memory than
+  the worst-case buffers, one round for natural routing, more for every token on one rank, nothing dropped.
+  (The figures themselves come from `bench moe`, at SHAPE.)"""
+  from maxtext_moe.bench import bounded_ep
+
+  monkeypatch.setattr(
+    bounded_ep, "SHAPE", {"ep": 8, "tokens": 2048, "dim": 256, "hidden": 8, "experts": 16, "top_k": 2}
+  )
+  got = bounded_ep._in_process(timed=False)
+  assert got["bounded_memory_ratio"] < 0.5, got
+  assert got["natural_bounded_rounds"] == 1 and got["adversarial_rounds"] > 1, got
+  assert got["natural_bounded_dropped"] == got["one_rank_bounded_dropped"] == 0

@@ -59,15 +59,19 @@ def _mesh(ep):
 
 
 @functools.cache
-def _block(ep, dispatch=DispatchKind.AUTO, cf=0.0):
+def _block(ep, dispatch=DispatchKind.AUTO, cf=0.0, bf=0.0):
   settings = MoESettings(
-    dispatch=dispatch, capacity_factor=cf, window_sizes=(2, 8), ragged_exchange=ragged_all_to_all_reference
+    dispatch=dispatch,
+    capacity_factor=cf,
+    buffer_factor=bf,
+    window_sizes=(2, 8),
+    ragged_exchange=ragged_all_to_all_reference,
   )
   return jax.jit(functools.partial(moe_block, mesh=_mesh(ep), expert_axis="expert", settings=settings))
 
 
-def _run(x, ids, weights, w, *, ep, dispatch=DispatchKind.AUTO, cf=0.0):
-  return _block(ep, dispatch, cf)(x, ids, weights, *w)
+def _run(x, ids, weights, w, *, ep, dispatch=DispatchKind.AUTO, cf=0.0, bf=0.0):
+  return _block(ep, dispatch, cf, bf)(x, ids, weights, *w)
 
 
 def test_dispatch_then_combine_is_identity_with_gradients():
@@ -114,22 +118,39 @@ def test_local_layer_matches_loop_reference(routing):
   np.testing.assert_allclose(y, _reference(x, ids, weights, *w), **TOL)
 
 
+def _rounds_needed(ids, *, ep, bf):
+  """What bounded EP must run, counted directly: tokens are split over the 8 devices in order; each
+  device's (row, local expert) pairs for each rank, over the per-round budget ceil(bf x T_dev x K / EP)."""
+  ids = np.asarray(ids).reshape(8, -1, K)
+  budget = max(K, int(np.ceil(bf * ids.shape[1] * K / ep)))
+  pairs = np.stack([np.bincount((shard // (E // ep)).ravel(), minlength=ep) for shard in ids])
+  return int(np.ceil(pairs / budget).max())
+
+
+@pytest.mark.parametrize("bf", [0.0, 2.0], ids=["worst_case", "bounded"])
 @pytest.mark.parametrize("dispatch", [DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL])
 @pytest.mark.parametrize("routing", ["random", "one_expert", "one_rank"])
 @pytest.mark.parametrize("ep", [2, 4, 8])
-def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing, dispatch):
+def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing, dispatch, bf):
+  """Worst-case buffers and bounded ones (moe_buffer_factor: rounds) give EP=1's outputs and gradients for
+  natural and adversarial routing; the adversarial cases take more than one round and drop nothing."""
   x, ids, weights = _tokens(routing)
   w = _weights()
 
   def loss(ep):
     def f(x, weights, w0, w1, wo):
-      y, _ = _run(x, ids, weights, (w0, w1, wo), ep=ep, dispatch=dispatch if ep > 1 else DispatchKind.LOCAL)
+      kind = dispatch if ep > 1 else DispatchKind.LOCAL
+      y, _ = _run(x, ids, weights, (w0, w1, wo), ep=ep, dispatch=kind, bf=bf if ep > 1 else 0.0)
       return jnp.sum(y * jnp.cos(jnp.arange(D)))
 
     return f
 
   ref_y, _ = _run(x, ids, weights, w, ep=1, dispatch=DispatchKind.LOCAL)
-  got_y, stats = _run(x, ids, weights, w, ep=ep, dispatch=dispatch)
+  got_y, stats = _run(x, ids, weights, w, ep=ep, dispatch=dispatch, bf=bf)
+  if bf:
+    assert float(stats["rounds"]) == _rounds_needed(ids, ep=ep, bf=bf)
+    if routing == "one_rank" and ep >= 4 or ep == 8 and routing != "random":
+      assert float(stats["rounds"]) > 1, "the adversarial cases must take more than one round here"
   np.testing.assert_allclose(got_y, ref_y, **TOL)
   np.testing.assert_allclose(ref_y, _reference(x, ids, weights, *w), rtol=1e-4, atol=1e-4)
   grads_ref = jax.jit(jax.grad(loss(1), argnums=(0, 1, 2, 3, 4)))(x, weights, *w)

@@ -46,12 +46,17 @@ def test_dropless_block_matches_stock_maxtext(tmp_path):
   assert all("moe/tokens_dropped" not in r for r in stock), "stock MaxText does not run our block"
 
 
-def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path):
+@pytest.fixture(scope="module")
+def fsdp8(tmp_path_factory):
+  """FSDP=8 in one process on MaxText's synthetic batch: no expert parallelism, so no buffers at all."""
+  return _train(tmp_path_factory.mktemp("fsdp8"), "ep1", "per_device_batch_size=1", "dataset_type=synthetic", devices=8)
+
+
+def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path, fsdp8):
   """EP=8 over two `maxtext-moe launch` processes of 4 CPU devices each (gloo collectives): the
   all-to-all crosses the process boundary; the training equals FSDP=8 in one process. MaxText's synthetic
   batch is the same global batch however many processes load it (the grain pipeline shards files by
   process and chunks them after, so its batches differ with the process count)."""
-  ep1 = _train(tmp_path, "ep1", "per_device_batch_size=1", "dataset_type=synthetic", devices=8)
   ep8 = _train(
     tmp_path,
     "ep8",
@@ -62,8 +67,19 @@ def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path):
     devices=4,
     processes=2,
   )
-  _assert_same_training(ep8, ep1)
+  _assert_same_training(ep8, fsdp8)
   for row in ep8:
     assert row["moe/tokens_dropped"] == 0
     assert 0 < row["moe/dispatch_rows"] < row["moe/dispatch_rows_no_dedup"]
     assert row["moe/dispatch_bytes"] == row["moe/dispatch_rows"] * 64 * 4  # emb 64, float32
+
+
+def test_bounded_memory_ep_trains_like_no_expert_parallelism(tmp_path, fsdp8):
+  """EP=4 x FSDP=2 in MaxText's trainer with buffers so tight (moe_buffer_factor=0.3) that every step takes
+  several rounds trains exactly like FSDP=8 (no EP, no buffers; the worst-case buffers equal it too, as the
+  block's tests show at EP 2/4/8 for both modes), dropping nothing."""
+  layout = ["per_device_batch_size=1", "dataset_type=synthetic", "ici_expert_parallelism=4", "ici_fsdp_parallelism=2"]
+  tight = _train(tmp_path, "tight", *layout, "moe_buffer_factor=0.3", devices=8)
+  _assert_same_training(tight, fsdp8)
+  assert all(r["moe/rounds"] > 1 and r["moe/tokens_dropped"] == 0 for r in tight), [r["moe/rounds"] for r in tight]
+  assert all(r["moe/load_over_budget"] > 1 for r in tight)

@@ -16,6 +16,8 @@ def _layer_group(num_layers, load):
     "buffer_rows": jnp.full((num_layers,), 32.0),
     "load": jnp.asarray(load, jnp.float32),
     "bias_abs_mean": jnp.arange(num_layers, dtype=jnp.float32),
+    "rounds": jnp.arange(num_layers, dtype=jnp.float32) + 1,
+    "load_over_budget": jnp.full((num_layers,), 0.5),
   }
 
 
@@ -25,6 +27,7 @@ def test_reduce_layers_sums_scalars_and_stacks_loads_by_name():
   assert float(got["rows_sent"]) == 30.0 and float(got["rows_sent_no_dedup"]) == 48.0
   assert got["load"].shape == (3, 4)
   assert got["bias_abs_mean"].tolist() == [0.0, 1.0, 0.0]  # per layer, in layer order: not summed
+  assert float(got["rounds"]) == 2.0 and float(got["load_over_budget"]) == 0.5  # the largest, not summed
 
 
 def test_load_ratio_is_the_worst_layers():

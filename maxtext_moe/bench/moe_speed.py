@@ -7,6 +7,8 @@ Proxy shapes, chosen so a 2-core CPU runs the whole benchmark in about a minute:
   emb 256, expert hidden 512, 4 x 256 tokens, f32, forward + backward, the same parameters for all three.
 - Dedup: the all_to_all dispatcher at EP=8 on 8 (fake) devices, 64 experts top-8, natural routing; rows sent
   with dedup / without, against the analytic expectation for uniform top-k routing.
+- Bounded-memory EP (`bench.bounded_ep`): XLA temporary bytes and time of the MoE block's forward+backward at
+  EP=8, bounded (moe_buffer_factor) over worst-case buffers; rounds and time with every token on one rank.
 """
 
 import json
@@ -19,6 +21,7 @@ from typing import IO, Any
 import jax
 import jax.numpy as jnp
 
+from maxtext_moe.bench import bounded_ep
 from maxtext_moe.bench.report import emit
 from maxtext_moe.bench.timing import time_call
 from maxtext_moe.moe import permute
@@ -26,6 +29,7 @@ from maxtext_moe.moe.gemm import grouped_matmul
 from maxtext_moe.moe.settings import GemmBackend
 
 GEMM = {"rows": 8192, "dim": 256, "hidden": 512, "experts": 64}
+BOUNDED_KEYS = ("bounded_memory_ratio", "bounded_speed_ratio", "adversarial_rounds", "adversarial_speed_ratio")
 DEDUP = {"ep": 8, "tokens": 16384, "experts": 64, "top_k": 8}
 LAYER_OVERRIDES = [
   "override_model_config=true",
@@ -169,6 +173,7 @@ def run(*, out: IO[str], as_json: bool = False, backends: list[str] | None = Non
   eff = gemm_efficiency(chosen)
   times, diffs = layer_times()
   dedup = dedup_measurement()
+  bounded = bounded_ep.measure()
   result = {
     "platform": jax.default_backend(),
     "runtime_env": {k: os.environ.get(k) for k in flags.profile("cpu").env},
@@ -181,6 +186,8 @@ def run(*, out: IO[str], as_json: bool = False, backends: list[str] | None = Non
     "dedup_wire_ratio": dedup["measured"],
     "dedup_expected_ratio": dedup["expected"],
     "dedup_tokens_dropped": dedup["dropped"],
+    **{k: bounded[k] for k in BOUNDED_KEYS},
+    "bounded_ep": bounded,
   }
   table = Table(title=f"MoE benchmark ({result['platform']}; ratios to baselines measured in this run)")
   table.add_column("row")
@@ -194,6 +201,13 @@ def run(*, out: IO[str], as_json: bool = False, backends: list[str] | None = Non
   table.add_row("layer speedup vs MaxText dense_matmul", f"{result['layer_speedup_vs_maxtext_dense']:.2f}x")
   table.add_row("dedup wire rows ratio at EP=8 (measured)", f"{dedup['measured']:.4f}")
   table.add_row("dedup wire rows ratio at EP=8 (analytic)", f"{dedup['expected']:.4f}")
+  factor = bounded["factor"]
+  table.add_row(
+    f"bounded EP=8 temp bytes / worst-case (factor {factor}, natural)", f"{bounded['bounded_memory_ratio']:.3f}"
+  )
+  table.add_row("bounded EP=8 fwd+bwd time / worst-case (natural)", f"{bounded['bounded_speed_ratio']:.3f}")
+  table.add_row("bounded EP=8 rounds, every token to one rank", f"{bounded['adversarial_rounds']:.0f}")
+  table.add_row("bounded EP=8 fwd+bwd time / worst-case (one rank)", f"{bounded['adversarial_speed_ratio']:.3f}")
   env = " ".join(f"{k}={v}" for k, v in result["runtime_env"].items() if v is not None) or "glibc defaults"
   table.caption = f"host allocator: {env}"
   emit(table, result, as_json=as_json, out=out, width=100)

@@ -114,6 +114,11 @@ def check_dropless_block_applies(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {fix}")
   ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
   check_dispatch(cfg.moe_dispatch, ep=ep, capacity_factor=cfg.moe_capacity_factor)
+  if cfg.moe_buffer_factor > 0 and cfg.moe_capacity_factor > 0:
+    raise ValueError(
+      f"moe_buffer_factor={cfg.moe_buffer_factor} (bounded and dropless) and moe_capacity_factor="
+      f"{cfg.moe_capacity_factor} (drops past a capacity) exclude each other; set one of them to 0"
+    )
   if str(cfg.moe_gemm_backend) != "auto":  # `auto` is checked at launch, once the platform is known
     dispatch = None if str(cfg.moe_dispatch) == "auto" else cfg.moe_dispatch
     check_quantization(cfg.moe_gemm_quantization, cfg.moe_gemm_backend, dispatch)

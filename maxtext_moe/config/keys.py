@@ -99,6 +99,14 @@ class PluginKeys(BaseModel):
     "ceil(factor * tokens * top_k / EP) rows per rank, te_ep's receive buffer factor times balanced routing's "
     "need (>= 1); a step that overflows stops the run unless moe_allow_drops is true.",
   )
+  moe_buffer_factor: float = Field(
+    0.0,
+    ge=0.0,
+    description="0: all_to_all / ragged_all_to_all buffers sized for the worst case (every token to one "
+    "rank). > 0: bounded memory, still dropless: each pair of ranks exchanges at most ceil(factor * tokens * "
+    "top_k / EP) (row, expert) pairs per round, and rows that do not fit go in further rounds (moe/rounds). "
+    "Not with moe_capacity_factor > 0; te_ep sizes its own buffers.",
+  )
   moe_allow_drops: bool = Field(
     False,
     description="With moe_capacity_factor > 0: let assignments past the capacity be dropped (counted in "

@@ -17,10 +17,13 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from maxtext_moe.moe import collectives
 from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import AllToAllDispatcher, Dispatcher, LocalDispatcher, RaggedAllToAllDispatcher
 from maxtext_moe.moe.gemm import grouped_matmul
+from maxtext_moe.moe.rounds import RoundsDispatcher
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
+from maxtext_moe.moe.stats import MAX_STATS
 from maxtext_moe.moe.te_ep import TeEpDispatcher, te_ep_block
 from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
 
@@ -53,7 +56,11 @@ def expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, *, settings: MoES
 def routed_experts(
   x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, dispatcher: Dispatcher, settings: MoESettings
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """route (given) -> dispatch -> experts -> combine. Returns (y_TD, per-device stats)."""
+  """route (given) -> dispatch -> experts -> combine. Returns (y_TD, per-device stats). A bounded-memory
+  dispatcher (`rounds.RoundsDispatcher`) runs the experts itself, once per round."""
+  if isinstance(dispatcher, RoundsDispatcher):
+    experts = functools.partial(expert_mlp, w0_EDF=w0_EDF, w1_EDF=w1_EDF, wo_EFD=wo_EFD, settings=settings)
+    return dispatcher.run(x_TD, ids_TK, weights_TK, experts), dispatcher.stats(ids_TK)
   rows_RD, group_sizes_E, meta = dispatcher.dispatch(x_TD, ids_TK, weights_TK)
   out_RD = expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, settings=settings)
   y_TD = dispatcher.combine(out_RD, meta)
@@ -79,10 +86,19 @@ def make_dispatcher(
     return TeEpDispatcher(num_experts, ep, capacity)
   if kind == DispatchKind.LOCAL:
     return LocalDispatcher(num_experts)
+  if settings.buffer_factor > 0:
+    ragged = kind == DispatchKind.RAGGED_ALL_TO_ALL
+    exchange = (settings.ragged_exchange or jax.lax.ragged_all_to_all) if ragged else collectives.all_to_all
+    return RoundsDispatcher(num_experts, ep, expert_axis, settings.buffer_factor, ragged, exchange)
   if kind == DispatchKind.RAGGED_ALL_TO_ALL:
     exchange = settings.ragged_exchange or jax.lax.ragged_all_to_all
     return RaggedAllToAllDispatcher(num_experts, ep, expert_axis, exchange)
   return AllToAllDispatcher(num_experts, ep, expert_axis, settings.capacity_factor)
+
+
+def _with_round_stats(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Every dispatcher's stats carry the rounds fields: one round, no budget, for the worst-case ones."""
+  return {"rounds": jnp.ones((), jnp.float32), "load_over_budget": jnp.zeros((), jnp.float32)} | stats
 
 
 def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
@@ -130,15 +146,15 @@ def moe_block(
       token_axes=token_axes,
       expert_axis=expert_axis,
     )
-    return y, stats | {"load": expert_load(ids_TK, num_experts=num_experts)}
+    return y, _with_round_stats(stats) | {"load": expert_load(ids_TK, num_experts=num_experts)}
   tok = P(token_axes or None)
   wspec = P(expert_axis if ep > 1 else None)
 
   def per_device(x, ids, w, w0, w1, wo):
     y, stats = routed_experts(x, ids, w, w0, w1, wo, dispatcher=dispatcher, settings=settings)
-    stats["load"] = expert_load(ids, num_experts=num_experts)
-    if token_axes:
-      stats = jax.lax.psum(stats, token_axes)
+    stats = _with_round_stats(stats) | {"load": expert_load(ids, num_experts=num_experts)}
+    if token_axes:  # counts add up over devices; the rounds (already global) and load ratios do not
+      stats = {k: (jax.lax.pmax if k in MAX_STATS else jax.lax.psum)(v, token_axes) for k, v in stats.items()}
     return y, stats
 
   fn = jax.shard_map(

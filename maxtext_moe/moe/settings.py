@@ -76,6 +76,7 @@ class MoESettings:
   dispatch: DispatchKind = DispatchKind.AUTO
   gemm: GemmBackend = GemmBackend.AUTO
   capacity_factor: float = 0.0
+  buffer_factor: float = 0.0  # > 0: bounded-memory dropless EP (moe.rounds), buffers of this x the mean load
   activation: str = "silu"
   quantization: GemmQuantization = GemmQuantization.NONE
   te_recv_capacity: int = 0  # te_ep: rows each rank receives, as bootstrapped (0: TE's sizing for this call)
@@ -188,15 +189,39 @@ def capacity(num_tokens: int, top_k: int, *, num_ranks: int, capacity_factor: fl
   return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens * top_k / num_ranks)))
 
 
+def round_budget(num_tokens: int, top_k: int, *, num_ranks: int, buffer_factor: float, local_experts: int) -> int:
+  """Bounded-memory EP (`moe.rounds`): G, the (row, local expert) pairs a source sends one rank per round,
+  ceil(buffer_factor x T x K / P), at least K (any one row fits), at most T x min(K, E_l).
+
+  Example: round_budget(64, 4, num_ranks=8, buffer_factor=1.5, local_experts=2) -> 48.
+  """
+  most = num_tokens * min(top_k, local_experts)
+  return max(top_k, min(most, math.ceil(buffer_factor * num_tokens * top_k / num_ranks)))
+
+
 def routed_rows(
-  kind: DispatchKind | str, num_tokens: int, top_k: int, *, num_ranks: int, capacity_factor: float
+  kind: DispatchKind | str,
+  num_tokens: int,
+  top_k: int,
+  *,
+  num_ranks: int,
+  capacity_factor: float,
+  buffer_factor: float = 0.0,
+  num_experts: int = 0,
 ) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
   local T x K; all_to_all P x capacity x K; ragged_all_to_all and te_ep T x P x K (TE's dropless receive
-  capacity, before its 128-row alignment per local expert)."""
+  capacity, before its 128-row alignment per local expert); with buffer_factor > 0 (all_to_all and
+  ragged_all_to_all, one round of `moe.rounds`) P x (G + K - 1)."""
   kind = DispatchKind(kind)
   if kind == DispatchKind.LOCAL:
     return num_tokens * top_k
+  bounded = (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
+  if kind in bounded and buffer_factor > 0 and capacity_factor <= 0 and num_experts:
+    g = round_budget(
+      num_tokens, top_k, num_ranks=num_ranks, buffer_factor=buffer_factor, local_experts=num_experts // num_ranks
+    )
+    return num_ranks * (g + top_k - 1)
   if kind == DispatchKind.ALL_TO_ALL:
     cap = capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
     return num_ranks * cap * top_k

@@ -19,9 +19,10 @@ import numpy as np
 
 INTERMEDIATE_PREFIX = "moe_plugin_"
 SCALARS = ("dropped", "rows_sent", "rows_sent_no_dedup", "buffer_rows")
+MAX_STATS = ("rounds", "load_over_budget")  # bounded-memory EP (moe.rounds): the largest over devices, layers
 LOAD = "load"
 BIAS = "bias_abs_mean"  # per layer: mean |routing bias| (recorded by the MaxText seam, not the block)
-NAMES = (*SCALARS, LOAD, BIAS)
+NAMES = (*SCALARS, *MAX_STATS, LOAD, BIAS)
 
 
 class DroplessViolation(RuntimeError):
@@ -36,6 +37,9 @@ def reduce_layers(per_name: Mapping[str, list[jax.Array]]) -> dict[str, jax.Arra
   """{name: [one leaf per layer group]} -> scalars summed over layers, `load` as [L, E] and the bias
   magnitude as [L] (any leaf layout: a scanned group's leaf holds all its layers)."""
   out = {name: sum(jnp.sum(leaf) for leaf in per_name[name]) for name in SCALARS}
+  for name in MAX_STATS:
+    if per_name.get(name):
+      out[name] = jnp.max(jnp.stack([jnp.max(leaf) for leaf in per_name[name]]))
   loads = per_name[LOAD]
   num_experts = loads[0].shape[-1]
   out[LOAD] = jnp.concatenate([leaf.reshape(-1, num_experts) for leaf in loads])
@@ -93,7 +97,10 @@ def step_metrics(
       f"{total['dropped']:.0f} token-to-expert assignments did not fit moe_capacity_factor={capacity_factor}; "
       "raise it, set moe_capacity_factor=0 (dropless), or moe_allow_drops=true to drop and count them"
     )
-  return {
+  rounds = {
+    f"moe/{name}": max(float(e[name]) for e in entries) for name in MAX_STATS if all(name in e for e in entries)
+  }
+  return rounds | {
     "moe/load_max_over_mean": max(load_max_over_mean(e[LOAD]) for e in entries),
     "moe/tokens_dropped": total["dropped"],
     "moe/dispatch_rows": total["rows_sent"],

@@ -21,7 +21,9 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                             + attention: 4 x B x H x L x L scores for dot-product attention; for flash,
                               4 x T x H x (qk + v head dims)
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
-                 local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K
+                 local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
+                 with moe_buffer_factor > 0 (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
+                 G = ceil(factor x T x K / EP): extra rounds cost time, not memory
 
 The copy counts (4 logits buffers, 2 live in the layer phase, the MoE row buffers) were read off XLA's
 buffer assignment for the tiny and 16B-proxy train steps (`--xla_dump_hlo_as_text`, the peak's live set);
@@ -162,7 +164,13 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[in
 def moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> int:
   """Rows of the routed-expert buffers on one device (`moe.settings.routed_rows`)."""
   return routed_rows(
-    dispatch, tokens, int(cfg.num_experts_per_tok), num_ranks=ep, capacity_factor=float(cfg.moe_capacity_factor)
+    dispatch,
+    tokens,
+    int(cfg.num_experts_per_tok),
+    num_ranks=ep,
+    capacity_factor=float(cfg.moe_capacity_factor),
+    buffer_factor=float(cfg.moe_buffer_factor),
+    num_experts=int(cfg.num_experts),
   )
 
 

@@ -55,6 +55,7 @@ def settings_from_config(cfg: Any) -> MoESettings:
     dispatch=dispatch,
     gemm=gemm,
     capacity_factor=float(cfg.moe_capacity_factor),
+    buffer_factor=float(cfg.moe_buffer_factor),
     activation=cfg.mlp_activations[0],
     quantization=cfg.moe_gemm_quantization,
     te_recv_capacity=te.bootstrapped_capacity(),
