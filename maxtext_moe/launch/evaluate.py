@@ -30,8 +30,7 @@ def examples(cfg: Any, split: str, limit: int | None) -> tuple[list[Example], An
   from maxtext_moe.launch import sft_data  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import sft  # pylint: disable=import-outside-toplevel
 
-  if not sft_data.applies(cfg):
-    raise UserError("eval reads SFT conversations: use an *-sft recipe (use_sft=true, a messages column, grain)")
+  sft_data.require(cfg, "eval")
   hf, _ = sft_data.checked_tokenizer(cfg)
   train, held_out = sft_data.read_splits(cfg)
   chosen = train if split == "train" else held_out

@@ -216,7 +216,9 @@ class RunRecorder:
     summary = summarize(all_rows, self.rows)
     if self.plot_name and all_rows:
       summary["loss_plot"] = str(report.plot_loss(all_rows, self.run_dir / self.plot_name))
-    summary["moe_plots"] = [str(p) for p in report.moe_plots(self.run_dir, load_name=self.load_name)]
+    summary["moe_plots"] = [
+      str(p) for p in report.moe_plots(self.run_dir, report.read_layers(self.run_dir / self.load_name))
+    ]
     last = max((r["step"] for r in all_rows if not is_eval(r)), default=-1)
     if self.rows and not stopped and last + 1 < self.total_steps:
       summary["ended_early_at"], summary["total_steps"] = last + 1, self.total_steps

@@ -128,18 +128,20 @@ def plot_balance(steps: np.ndarray, load_SLE: np.ndarray, bias_SL: np.ndarray, p
   return path
 
 
-def moe_plots(run_dir: Path, *, load_name: str = LOAD) -> list[Path]:
-  """moe_load.png and moe_balance.png from the run's moe_load.jsonl ([] when it has none)."""
-  layers = read_layers(run_dir / load_name)
+Layers = tuple[np.ndarray, np.ndarray, np.ndarray] | None  # `read_layers`
+
+
+def moe_plots(run_dir: Path, layers: Layers) -> list[Path]:
+  """moe_load.png and moe_balance.png in `run_dir` from `read_layers` of its moe_load.jsonl ([] without)."""
   if layers is None:
     return []
   steps, load, bias = layers
   return [plot_load(steps, load, run_dir / LOAD_PNG), plot_balance(steps, load, bias, run_dir / BALANCE_PNG)]
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
-  """Loss start/end, eval loss start/end, median throughput, dropped tokens and the worst-balanced layer."""
-  rows = read_jsonl(run_dir / METRICS)
+def summarize(run_dir: Path, rows: list[dict[str, Any]], layers: Layers) -> dict[str, Any]:
+  """Loss start/end, eval loss start/end, median throughput, dropped tokens and the worst-balanced layer,
+  from the run's metrics rows and `read_layers` of its moe_load.jsonl."""
   steps = [r for r in rows if not is_eval(r)]
   out: dict[str, Any] = {"run_dir": str(run_dir), "steps": len(steps)}
   finite = [r for r in steps if r.get("loss") is not None]
@@ -153,7 +155,6 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     out["tokens_per_s_median"] = statistics.median(speeds)
   out["tokens_dropped"] = sum(r.get("moe/tokens_dropped", 0) for r in steps)
   out["nonfinite_steps"] = sum("loss_nonfinite" in r for r in steps)
-  layers = read_layers(run_dir / LOAD)
   if layers is not None:
     at, load, bias = layers
     ratio = relative_load(load).max(axis=-1)  # [S, L]
@@ -193,7 +194,8 @@ def report(run_dir: Path) -> tuple[dict[str, Any], list[Path]]:
     rows = read_jsonl(run_dir / METRICS) if (run_dir / METRICS).is_file() else []
     if not rows or not all(isinstance(r, dict) and "step" in r for r in rows):
       raise UserError(foreign)
-    written = [plot_loss(rows, run_dir / LOSS_PNG), *moe_plots(run_dir)]
-    return summarize(run_dir), written
+    layers = read_layers(run_dir / LOAD)
+    written = [plot_loss(rows, run_dir / LOSS_PNG), *moe_plots(run_dir, layers)]
+    return summarize(run_dir, rows, layers), written
   except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
     raise UserError(f"{foreign} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None

@@ -109,16 +109,26 @@ def applies(cfg: Any) -> bool:
   )
 
 
+def require(cfg: Any, command: str) -> None:
+  """`command` works on SFT conversations only."""
+  if not applies(cfg):
+    raise UserError(f"{command} reads SFT conversations: use an *-sft recipe (use_sft=true, a messages column, grain)")
+
+
+def _notes(lead: bool, err: IO[str] | None) -> Any:
+  def note(line: str) -> None:
+    if lead:
+      print(f"maxtext-moe: note: {line}", file=err or sys.stderr, flush=True)
+
+  return note
+
+
 def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
   """The config MaxText should train on: `cfg`, with staged Parquet in place of JSONL files. Raises
   UserError for bad data; prints notes (process 0) about truncation and masking."""
   if not applies(cfg):
     return cfg
-
-  def note(line: str) -> None:
-    if lead:
-      print(f"maxtext-moe: note: {line}", file=err or sys.stderr, flush=True)
-
+  note = _notes(lead, err)
   hf, pad_id = checked_tokenizer(cfg)
   train, held_out = read_splits(cfg)
   for split in (train, held_out):
@@ -165,11 +175,10 @@ def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   from maxtext_moe.upstream import sft  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.config import hyperparameters  # pylint: disable=import-outside-toplevel
 
-  if not applies(cfg):
-    raise UserError("data show reads SFT conversations: use an *-sft recipe (use_sft=true, a messages column, grain)")
+  require(cfg, "data show")
   hf, pad_id = checked_tokenizer(cfg)
   train, _ = read_splits(cfg)
-  _measure(train, hf, pad_id, cfg, lambda line: print(f"maxtext-moe: note: {line}", file=sys.stderr))
+  _measure(train, hf, pad_id, cfg, _notes(True, None))
   batch = next(sft.batches(hyperparameters(cfg), [{"messages": m} for _, m in train.conversations], ["messages"]))
   print(
     f"{cfg.grain_train_files}: {train.total:,} conversations; the first rows of the first batch as the model "

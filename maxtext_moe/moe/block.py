@@ -60,7 +60,7 @@ def routed_experts(
   dispatcher (`rounds.RoundsDispatcher`) runs the experts itself, once per round."""
   if isinstance(dispatcher, RoundsDispatcher):
     experts = functools.partial(expert_mlp, w0_EDF=w0_EDF, w1_EDF=w1_EDF, wo_EFD=wo_EFD, settings=settings)
-    return dispatcher.run(x_TD, ids_TK, weights_TK, experts), dispatcher.stats(ids_TK)
+    return dispatcher.run(x_TD, ids_TK, weights_TK, experts)
   rows_RD, group_sizes_E, meta = dispatcher.dispatch(x_TD, ids_TK, weights_TK)
   out_RD = expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, settings=settings)
   y_TD = dispatcher.combine(out_RD, meta)

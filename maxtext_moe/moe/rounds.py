@@ -161,8 +161,9 @@ class RoundsDispatcher:
     back_ND = self._swap(partial_SD, sent_TP, recv_rows=n_send, back=True)
     return permute.gather_returned(back_ND, dest_TP, sent_TP)
 
-  def run(self, x_TD, ids_TK, weights_TK, experts: Callable) -> jax.Array:
-    """y_TD: every round's outputs summed; rounds past `plan.rounds` are skipped (all ranks agree)."""
+  def run(self, x_TD, ids_TK, weights_TK, experts: Callable) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(y_TD: every round's outputs summed, rounds past `plan.rounds` skipped (all ranks agree); the stats
+    of the same plan, so its global counts are gathered once)."""
     plan = self.plan(ids_TK)
     t, k = ids_TK.shape
     most = max_rounds(t, k, budget=self.budget(ids_TK), local_experts=self.local_experts)
@@ -179,13 +180,12 @@ class RoundsDispatcher:
       return y_TD + one(r), None
 
     y_TD, _ = jax.lax.scan(body, jnp.zeros_like(x_TD), jnp.arange(most))
-    return y_TD
+    return y_TD, self._stats(ids_TK, plan)
 
-  def stats(self, ids_TK: jax.Array) -> dict[str, jax.Array]:
+  def _stats(self, ids_TK: jax.Array, plan: RoundPlan) -> dict[str, jax.Array]:
     """Wire rows with and without dedup, one round's receive buffer, nothing dropped; and (global) the
     rounds run and the largest load over the per-round budget."""
     t, k = ids_TK.shape
-    plan = self.plan(ids_TK)
     f32 = jnp.float32
     return {
       "rows_sent": jnp.sum(plan.needs_TP).astype(f32),

@@ -152,20 +152,20 @@ def _patches(run: _Run) -> list[Patch]:
     run.hooks.start(config, start_step)
 
   def write_metrics(self, metrics, step, metric_type="train"):
-    if metric_type != "train" or not metrics:
+    if not metrics or metric_type != "train":
       write(self, metrics, step, metric_type)
-    if metric_type == "train" and metrics:
-      # Materialize the step's own scalars first: once they are ready, the step ran, and so did its stats
-      # callback (popping before could take a step whose callback has not run yet).
-      scalars = {k: float(v) for k, v in metrics["scalar"].items()}
-      moe, layers = run.moe_step()
-      metrics["scalar"].update(moe)  # so MaxText's writers (TensorBoard) carry them too
-      write(self, metrics, step, metric_type)
-      run.hooks.step(int(step), scalars | moe)
-      if layers is not None:
-        run.hooks.layers(int(step), *layers)
-    elif metric_type == "eval" and metrics:  # the whole held-out pass after train step `step`
-      run.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
+      if metrics and metric_type == "eval":  # the whole held-out pass after train step `step`
+        run.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
+      return
+    # Materialize the step's own scalars first: once they are ready, the step ran, and so did its stats
+    # callback (popping before could take a step whose callback has not run yet).
+    scalars = {k: float(v) for k, v in metrics["scalar"].items()}
+    moe, layers = run.moe_step()
+    metrics["scalar"].update(moe)  # so MaxText's writers (TensorBoard) carry them too
+    write(self, metrics, step, metric_type)
+    run.hooks.step(int(step), scalars | moe)
+    if layers is not None:
+      run.hooks.layers(int(step), *layers)
 
   return [
     *model_patches(),
