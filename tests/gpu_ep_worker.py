@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from maxtext_moe.moe.block import moe_block
+from maxtext_moe.moe.mesh_axes import TE_RESOURCES
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoESettings
 from maxtext_moe.upstream import te
 
@@ -33,7 +34,9 @@ def main(rank: int, world: int, out: str) -> None:
     for key, shape in zip(k[3:], ((E, D, F), (E, D, F), (E, F, D)), strict=True)
   )
   capacity = te.recv_capacity(num_experts=E, top_k=K, tokens_per_rank=T_PER_RANK, ep_size=world, factor=0)
-  te.bootstrap(mesh, num_experts=E, tokens_per_rank=T_PER_RANK, capacity=capacity, hidden_dim=D, drop=False)
+  te.bootstrap(
+    mesh, axes=TE_RESOURCES, num_experts=E, tokens_per_rank=T_PER_RANK, capacity=capacity, hidden_dim=D, drop=False
+  )
 
   def run(dispatch):
     settings = MoESettings(dispatch=dispatch, gemm=GemmBackend.TE, te_recv_capacity=capacity)
@@ -42,7 +45,7 @@ def main(rank: int, world: int, out: str) -> None:
       y, stats = moe_block(x, ids, weights, *w, mesh=mesh, expert_axis="expert", settings=settings)
       return jnp.sum(y.astype(jnp.float32) ** 2), (y, stats)
 
-    with jax.set_mesh(mesh), te.shard_guard():
+    with jax.set_mesh(mesh), te.shard_guard(TE_RESOURCES):
       return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(x, *w)
 
   (_, (y_te, s_te)), g_te = run(DispatchKind.TE_EP)

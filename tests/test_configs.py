@@ -33,7 +33,7 @@ def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
-    from maxtext_moe.config.checks import fixed_layout_size
+    from maxtext_moe.config.layout import fixed_layout_size
 
     size, has_auto = fixed_layout_size(cfg)
     assert (size, has_auto) == (cfg.recipe_num_devices, False), "GPU recipes spell out their whole layout"

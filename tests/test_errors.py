@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO, run_cli
-from maxtext_moe.config import checks, recipes
+from maxtext_moe.config import checks, layout, recipes
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch.preflight import check_platform, check_visible_devices
 
@@ -81,7 +81,7 @@ def _layout(num_slices=1, **degrees):
 
 def test_layout_product_counts_ici_and_dcn():
   cfg = _layout(num_slices=2, ici_expert_parallelism=8, ici_fsdp_parallelism=9, dcn_fsdp_parallelism=2)
-  assert checks.fixed_layout_size(cfg) == (144, False)
+  assert layout.fixed_layout_size(cfg) == (144, False)
   checks.check_layout_fits_devices(cfg, num_devices=144)
   with pytest.raises(ValueError, match="ici_\\*_parallelism product is 72 but must equal the 36 devices per slice"):
     checks.check_layout_fits_devices(cfg, num_devices=72)

@@ -10,6 +10,7 @@ SNAPSHOT = (
   "moe_gemm_backend",
   "moe_gemm_quantization",
   "moe_capacity_factor",
+  "moe_buffers",
   "moe_buffer_factor",
   "moe_allow_drops",
   "progress",

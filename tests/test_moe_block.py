@@ -1,5 +1,6 @@
 """The MoE block's parity ladder on 8 fake CPU devices: identity, loop reference, EP=1 vs EP>1."""
 
+import dataclasses
 import functools
 
 import jax
@@ -7,11 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from maxtext_moe.moe.block import moe_block, routed_experts
 from maxtext_moe.moe.collectives import ragged_all_to_all_reference
-from maxtext_moe.moe.dispatch import LocalDispatcher
-from maxtext_moe.moe.settings import DispatchKind, MoESettings
+from maxtext_moe.moe.dispatch import LocalDispatcher, Routing
+from maxtext_moe.moe.registry import DispatchSpec, make_dispatcher
+from maxtext_moe.moe.settings import BufferMode, DispatchKind, MoESettings
 
 T, D, F, E, K = 64, 16, 24, 8, 3
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -63,7 +66,8 @@ def _block(ep, dispatch=DispatchKind.AUTO, cf=0.0, bf=0.0):
   settings = MoESettings(
     dispatch=dispatch,
     capacity_factor=cf,
-    buffer_factor=bf,
+    buffers=BufferMode.BOUNDED if bf else BufferMode.WORST_CASE,
+    buffer_factor=bf or 1.0,
     window_sizes=(2, 8),
     ragged_exchange=ragged_all_to_all_reference,
   )
@@ -80,7 +84,7 @@ def test_dispatch_then_combine_is_identity_with_gradients():
   disp = LocalDispatcher(E)
 
   def roundtrip(x):
-    rows, _, meta = disp.dispatch(x, ids, uniform)
+    rows, _, meta = disp.dispatch(x, Routing(ids, uniform))
     return disp.combine(rows, meta)
 
   np.testing.assert_allclose(roundtrip(x), x, **TOL)
@@ -88,23 +92,51 @@ def test_dispatch_then_combine_is_identity_with_gradients():
   np.testing.assert_allclose(g, jnp.broadcast_to(jnp.arange(D, dtype=x.dtype), x.shape), **TOL)
 
 
-@pytest.mark.parametrize("ep", [1, 2, 8])
-def test_all_to_all_roundtrip_is_identity(ep):
-  """Experts replaced by the identity: what comes back is the weighted sum of the token itself."""
-  x, ids, _ = _tokens()
-  uniform = jnp.full((T, K), 1.0 / K)
-  eye = jnp.broadcast_to(jnp.eye(D), (E, D, D))
-  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL if ep > 1 else DispatchKind.LOCAL, window_sizes=(8,))
-  from maxtext_moe.moe import block
+@dataclasses.dataclass(frozen=True)
+class _IdentityExperts:
+  """Experts that return their rows (`dispatch.Experts`; rows past the groups must come back as zeros)."""
 
-  orig = block.expert_mlp
-  try:
-    block.expert_mlp = lambda rows, sizes, w0, w1, wo, settings: block.grouped_matmul(rows, w0, sizes, backend="tiled")
-    run = jax.jit(functools.partial(moe_block, mesh=_mesh(ep), expert_axis="expert", settings=settings))
-    y, _ = run(x, ids, uniform, eye, eye, eye)
-  finally:
-    block.expert_mlp = orig
-  np.testing.assert_allclose(y, x, **TOL)
+  weights: tuple = ()
+
+  def __call__(self, rows_RD, group_sizes_E):
+    return jnp.where((jnp.arange(rows_RD.shape[0]) < jnp.sum(group_sizes_E))[:, None], rows_RD, 0)
+
+  def with_weights(self, weights):
+    return self
+
+
+_EVERY_DISPATCHER = [
+  (DispatchKind.LOCAL, BufferMode.WORST_CASE, 1),
+  *(
+    (kind, buffers, ep)
+    for kind in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
+    for buffers in BufferMode
+    for ep in (2, 8)
+  ),
+]
+
+
+@pytest.mark.parametrize("kind,buffers,ep", _EVERY_DISPATCHER, ids=lambda v: str(v))
+def test_every_dispatcher_is_the_identity_with_identity_experts(kind, buffers, ep):
+  """Dispatch -> identity experts -> combine gives each token back (routing weights sum to 1), gradients
+  included, for every dispatcher the registry makes on CPU (te_ep needs GPUs: tests/gpu_ep_worker.py)."""
+  x, ids, _ = _tokens("one_expert")  # skewed: bounded buffers take several rounds
+  uniform = jnp.full((T, K), 1.0 / K)
+  mesh = _mesh(ep)
+  settings = MoESettings(dispatch=kind, buffers=buffers, buffer_factor=0.5, ragged_exchange=ragged_all_to_all_reference)
+  dispatcher = make_dispatcher(
+    DispatchSpec(dataclasses.replace(settings, top_k=K), E, mesh, "expert", ("data", "expert"), T // 8)
+  )
+  assert not dispatcher.mesh_level
+
+  def per_device(x, ids, w):
+    return dispatcher.run(x, Routing(ids, w), _IdentityExperts())[0]
+
+  tok = P(("data", "expert"))
+  roundtrip = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(tok, tok, tok), out_specs=tok, check_vma=False))
+  np.testing.assert_allclose(roundtrip(x, ids, uniform), x, **TOL)
+  g = jax.grad(lambda x: jnp.sum(roundtrip(x, ids, uniform) * jnp.arange(D)))(x)
+  np.testing.assert_allclose(g, jnp.broadcast_to(jnp.arange(D, dtype=x.dtype), x.shape), **TOL)
 
 
 @pytest.mark.parametrize("routing", ["random", "one_expert", "one_rank"])

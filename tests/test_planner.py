@@ -6,8 +6,8 @@ import pytest
 
 from conftest import REPO, run_cli
 from maxtext_moe.bench import plan_accuracy
-from maxtext_moe.config import recipes
-from maxtext_moe.config.keys import Hardware
+from maxtext_moe.config import layout, recipes
+from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.planner import estimate
 from maxtext_moe.planner.memory_plan import memory_plan
 
@@ -32,14 +32,19 @@ def test_shard_elements_worked_example():
 
 def test_mesh_sizes_fill_the_auto_axis_like_maxtext(upstream_config):
   cfg = upstream_config.resolved(REPO / "configs/recipes/gb300x1024/deepseek3-671b.yml", [])
-  sizes = estimate.mesh_sizes(cfg, 1024)
+  sizes = layout.mesh_sizes(cfg, 1024)
   assert sizes["fsdp"] * sizes["expert"] == 1024 and sizes["data"] == 1
   tiny = upstream_config.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [])
-  assert estimate.mesh_sizes(tiny, 8)["fsdp"] == 8  # ici_fsdp_parallelism=-1 takes all devices
+  assert layout.mesh_sizes(tiny, 8)["fsdp"] == 8  # ici_fsdp_parallelism=-1 takes all devices
 
 
-def test_every_gpu_hardware_has_a_spec():
-  assert set(estimate.DEVICES) == {h for h in Hardware if h != Hardware.CPU}
+def test_the_hardware_table_is_the_hardware_enum_and_every_row_has_a_flag_profile():
+  from maxtext_moe.config import flags, hardware
+
+  assert {str(h) for h in Hardware} == {"cpu", *hardware.GPUS}
+  for name, row in hardware.GPUS.items():
+    assert flags.profile(row.flag_profile).xla_flags, name
+    assert row.peak_tflops["bf16"] > 0 and row.nvlink_domain % row.gpus_per_node == 0, name
 
 
 def test_estimate_within_15_percent_of_xla_memory_analysis(tmp_path):

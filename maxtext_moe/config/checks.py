@@ -5,49 +5,22 @@ Each check takes the resolved config (any object with MaxText's attribute names)
 the plugin's pydantic config class (see `upstream.config`), after MaxText's own validation.
 """
 
-import math
 from typing import Any
 
-from maxtext_moe.moe.settings import check_dispatch, check_quantization
-
-_ICI = "ici_"
-_DCN = "dcn_"
-_SUFFIX = "_parallelism"
-
-
-def parallelism_axes(cfg: Any, *, prefix: str) -> dict[str, int]:
-  """Returns {axis: degree} for every `<prefix><axis>_parallelism` field of `cfg`.
-
-  Example: for MaxText's defaults, `parallelism_axes(cfg, prefix="ici_")["fsdp"] == -1`.
-  """
-  fields = type(cfg).model_fields if hasattr(type(cfg), "model_fields") else vars(cfg)
-  axes = {}
-  for name in fields:
-    axis = name[len(prefix) : -len(_SUFFIX)]
-    value = getattr(cfg, name)
-    # `ici_parallelism` (no axis) is MaxText's derived list of all degrees, not an axis.
-    if name.startswith(prefix) and name.endswith(_SUFFIX) and axis and isinstance(value, int):
-      axes[axis] = value
-  return axes
+from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism, fixed_layout_size, parallelism_axes
+from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization
 
 
 def check_one_auto_axis(cfg: Any) -> None:
   """At most one ICI and one DCN axis may be -1 (filled with the remaining devices)."""
-  for prefix in (_ICI, _DCN):
+  for prefix in (ICI, DCN):
     auto = [a for a, d in parallelism_axes(cfg, prefix=prefix).items() if d == -1]
     if len(auto) > 1:
-      names = ", ".join(f"{prefix}{a}{_SUFFIX}" for a in auto)
-      raise ValueError(f"impossible layout: {names} are all -1; at most one {prefix}*{_SUFFIX} may be -1 (auto)")
+      names = ", ".join(f"{prefix}{a}{SUFFIX}" for a in auto)
+      raise ValueError(f"impossible layout: {names} are all -1; at most one {prefix}*{SUFFIX} may be -1 (auto)")
     bad = [a for a, d in parallelism_axes(cfg, prefix=prefix).items() if d == 0 or d < -1]
     if bad:
-      raise ValueError(f"impossible layout: {prefix}{bad[0]}{_SUFFIX} must be >= 1 or -1 (auto)")
-
-
-def fixed_layout_size(cfg: Any, *, prefix: str | None = None) -> tuple[int, bool]:
-  """Returns (product of the fixed degrees, whether some axis is -1 auto), over ICI, DCN or both."""
-  prefixes = (prefix,) if prefix else (_ICI, _DCN)
-  degrees = [d for p in prefixes for d in parallelism_axes(cfg, prefix=p).values()]
-  return math.prod(d for d in degrees if d > 0), any(d == -1 for d in degrees)
+      raise ValueError(f"impossible layout: {prefix}{bad[0]}{SUFFIX} must be >= 1 or -1 (auto)")
 
 
 def _fits(cfg: Any, *, prefix: str, n: int, where: str) -> None:
@@ -56,8 +29,8 @@ def _fits(cfg: Any, *, prefix: str, n: int, where: str) -> None:
     return
   rel = "divide" if has_auto else "equal"
   raise ValueError(
-    f"impossible layout: the {prefix}*{_SUFFIX} product is {size} but must {rel} the {n} {where}; "
-    f"change the parallelism degrees (or set one {prefix}*{_SUFFIX} to -1)"
+    f"impossible layout: the {prefix}*{SUFFIX} product is {size} but must {rel} the {n} {where}; "
+    f"change the parallelism degrees (or set one {prefix}*{SUFFIX} to -1)"
   )
 
 
@@ -72,13 +45,13 @@ def check_layout_fits_devices(cfg: Any, *, num_devices: int | None = None) -> No
   slices = max(int(getattr(cfg, "num_slices", 1)), 1)
   if n % slices:
     raise ValueError(f"impossible layout: {n} devices cannot be split into num_slices={slices} equal slices")
-  _fits(cfg, prefix=_DCN, n=slices, where="slices (num_slices)")
-  _fits(cfg, prefix=_ICI, n=n // slices, where="devices per slice")
+  _fits(cfg, prefix=DCN, n=slices, where="slices (num_slices)")
+  _fits(cfg, prefix=ICI, n=n // slices, where="devices per slice")
 
 
 def check_experts_divisible_by_ep(cfg: Any) -> None:
   """Experts are split evenly over the expert-parallel ranks."""
-  ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
+  ep = expert_parallelism(cfg)
   if cfg.num_experts > 1 and cfg.num_experts % ep:
     raise ValueError(
       f"impossible layout: num_experts={cfg.num_experts} is not divisible by expert parallelism {ep} "
@@ -103,25 +76,50 @@ def check_topk_routing(cfg: Any) -> None:
       )
 
 
-def check_dropless_block_applies(cfg: Any) -> None:
-  """Our block sits at MaxText's sparse_matmul seam; say so when a setting would bypass or break it."""
-  if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
-    return
-  fix = "or set moe_impl=maxtext"
-  if not cfg.sparse_matmul:
-    raise ValueError(f"moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true, {fix}")
-  if getattr(cfg, "te_moe_block", False):
-    raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {fix}")
-  ep = max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
-  check_dispatch(cfg.moe_dispatch, ep=ep, capacity_factor=cfg.moe_capacity_factor)
-  if cfg.moe_buffer_factor > 0 and cfg.moe_capacity_factor > 0:
-    raise ValueError(
-      f"moe_buffer_factor={cfg.moe_buffer_factor} (bounded and dropless) and moe_capacity_factor="
-      f"{cfg.moe_capacity_factor} (drops past a capacity) exclude each other; set one of them to 0"
-    )
-  if str(cfg.moe_gemm_backend) != "auto":  # `auto` is checked at launch, once the platform is known
+def _dropless(cfg: Any) -> bool:
+  """Whether our block computes this config's routed experts."""
+  return str(cfg.moe_impl) == "dropless" and cfg.num_experts > 1
+
+
+_FIX = "or set moe_impl=maxtext"
+
+
+def check_sparse_matmul(cfg: Any) -> None:
+  """Our block sits at MaxText's sparse_matmul seam: that path must be on."""
+  if _dropless(cfg) and not cfg.sparse_matmul:
+    raise ValueError(f"moe_impl=dropless replaces MaxText's sparse_matmul path: set sparse_matmul=true, {_FIX}")
+
+
+def check_one_expert_computation(cfg: Any) -> None:
+  """MaxText's TE block and ours both replace the expert computation."""
+  if _dropless(cfg) and getattr(cfg, "te_moe_block", False):
+    raise ValueError(f"moe_impl=dropless and te_moe_block=true both replace the expert computation; {_FIX}")
+
+
+def check_dispatch_serves_layout(cfg: Any) -> None:
+  """The named dispatch can serve this expert-parallel degree and capacity (auto is checked at launch)."""
+  if _dropless(cfg):
+    check_dispatch(cfg.moe_dispatch, ep=expert_parallelism(cfg), capacity_factor=cfg.moe_capacity_factor)
+
+
+def check_buffers_and_capacity(cfg: Any) -> None:
+  """Bounded buffers (dropless) and a capacity (drops) exclude each other (auto is checked at launch)."""
+  if _dropless(cfg) and str(cfg.moe_dispatch) != "auto":
+    check_buffers(cfg.moe_dispatch, cfg.moe_buffers, capacity_factor=cfg.moe_capacity_factor)
+
+
+def check_gemm_quantization(cfg: Any) -> None:
+  """A quantized grouped GEMM needs TE's backend (and MXFP8 te_ep's aligned groups); auto is checked at launch."""
+  if _dropless(cfg) and str(cfg.moe_gemm_backend) != "auto":
     dispatch = None if str(cfg.moe_dispatch) == "auto" else cfg.moe_dispatch
     check_quantization(cfg.moe_gemm_quantization, cfg.moe_gemm_backend, dispatch)
+
+
+def check_block_supports_model(cfg: Any) -> None:
+  """What our block does not compute: quantized dense layers, MLP biases, clamped or non-gated activations,
+  Llama 4's and GPT-OSS's MoE."""
+  if not _dropless(cfg):
+    return
   unsupported = {
     "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
     "mlp_bias": bool(cfg.mlp_bias),
@@ -134,7 +132,7 @@ def check_dropless_block_applies(cfg: Any) -> None:
   }
   bad = [k for k, v in unsupported.items() if v]
   if bad:
-    raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {fix}")
+    raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {_FIX}")
 
 
 def check_finetune_has_weights(cfg: Any) -> None:
@@ -160,6 +158,11 @@ ALL_CHECKS = (
   check_layout_fits_devices,
   check_experts_divisible_by_ep,
   check_topk_routing,
-  check_dropless_block_applies,
+  check_sparse_matmul,
+  check_one_expert_computation,
+  check_dispatch_serves_layout,
+  check_buffers_and_capacity,
+  check_gemm_quantization,
+  check_block_supports_model,
   check_finetune_has_weights,
 )

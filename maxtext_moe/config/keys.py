@@ -9,24 +9,13 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.offload import OffloadPreset
-from maxtext_moe.moe.settings import DispatchKind, GemmBackend, GemmQuantization
-
-
-class Hardware(StrEnum):
-  """The hardware a recipe is laid out for."""
-
-  CPU = "cpu"
-  H100 = "h100"
-  H200 = "h200"
-  B200 = "b200"
-  GB200 = "gb200"
-  GB300 = "gb300"
-
+from maxtext_moe.moe.settings import DEFAULT_BUFFER_FACTOR, BufferMode, DispatchKind, GemmBackend, GemmQuantization
 
 # Which XLA/NCCL flag profile (configs/flags/profiles.yml) a run uses: auto (the one named by
 # recipe_hardware), disabled (not "none"/"off", see Progress), or any hardware's own profile. Built from
-# Hardware so that a new hardware is a new profile name without a second list to keep in step.
+# the hardware table so that a new GPU model is a new profile name without a second list to keep in step.
 FlagProfile = StrEnum("FlagProfile", {"AUTO": "auto", "DISABLED": "disabled", **{h.name: h.value for h in Hardware}})
 
 
@@ -99,13 +88,18 @@ class PluginKeys(BaseModel):
     "ceil(factor * tokens * top_k / EP) rows per rank, te_ep's receive buffer factor times balanced routing's "
     "need (>= 1); a step that overflows stops the run unless moe_allow_drops is true.",
   )
+  moe_buffers: BufferMode = Field(
+    BufferMode.BOUNDED,
+    description="Expert-parallel buffers of all_to_all / ragged_all_to_all: bounded (moe_buffer_factor times "
+    "the mean load; rows that do not fit go in further rounds, moe/rounds: dropless in bounded memory) or "
+    "worst_case (one exchange sized for every token routed to one rank, or capped by moe_capacity_factor). "
+    "te_ep sizes its own buffers.",
+  )
   moe_buffer_factor: float = Field(
-    0.0,
-    ge=0.0,
-    description="0: all_to_all / ragged_all_to_all buffers sized for the worst case (every token to one "
-    "rank). > 0: bounded memory, still dropless: each pair of ranks exchanges at most ceil(factor * tokens * "
-    "top_k / EP) (row, expert) pairs per round, and rows that do not fit go in further rounds (moe/rounds). "
-    "Not with moe_capacity_factor > 0; te_ep sizes its own buffers.",
+    DEFAULT_BUFFER_FACTOR,
+    gt=0.0,
+    description="moe_buffers=bounded: each pair of ranks exchanges at most ceil(factor * tokens * top_k / EP) "
+    "(row, expert) pairs per round.",
   )
   moe_allow_drops: bool = Field(
     False,

@@ -16,10 +16,10 @@ and XLA use shared memory between a node's processes).
 from dataclasses import dataclass
 from typing import Any
 
+from maxtext_moe.config.hardware import gpu
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch import cluster, supervisor
 
-GPUS_PER_NODE = {"h100": 8, "h200": 8, "b200": 8, "gb200": 4, "gb300": 4}
 COORDINATOR_PORT = 6123
 CHECKPOINT_MOUNT = "/checkpoints"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -95,7 +95,8 @@ def manifests(req: Request, env: dict[str, str], hardware: str, num_devices: int
     raise UserError(f"--nodes must be >= 1, got {req.nodes}")
   if req.kind not in ("jobset", "job"):
     raise UserError(f"--kind must be jobset or job, got {req.kind!r}")
-  gpus = req.gpus_per_node or GPUS_PER_NODE.get(hardware)
+  model = gpu(hardware)
+  gpus = req.gpus_per_node or (model.gpus_per_node if model else None)
   if not gpus:
     raise UserError(f"recipe hardware {hardware} has no GPUs per node I know: pass --gpus-per-node")
   if num_devices > 0 and num_devices != req.nodes * gpus:

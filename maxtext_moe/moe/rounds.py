@@ -1,7 +1,7 @@
 """Dropless expert parallelism in bounded memory: capacity-sized buffers, and the overflow in further rounds.
 
-The worst-case dispatchers (`dispatch.AllToAllDispatcher`, `dispatch.RaggedAllToAllDispatcher` with
-`buffer_factor=0`) size their buffers for every token of every rank routed to one rank: T x P received
+The single-shot expert-parallel dispatcher (`dispatch.ExpertParallelDispatcher`, `moe_buffers:
+worst_case`) sizes its buffers for every token of every rank routed to one rank: T x P received
 rows, T x P x K (row, local expert) pairs for the grouped GEMM. `RoundsDispatcher` sizes them from the mean:
 
 - Each (source, destination) rank pair may carry at most G (row, local expert) pairs per round,
@@ -22,19 +22,23 @@ rows per round (P x min(G, T)), Q pairs per round (P x (G + K - 1)).
 """
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from maxtext_moe.moe import collectives, permute
+from maxtext_moe.moe import permute
+from maxtext_moe.moe.dispatch import Experts, Routing
+from maxtext_moe.moe.exchange import Exchange
 from maxtext_moe.moe.settings import round_budget
+from maxtext_moe.moe.stats import DispatchStats
 
 
 def max_rounds(num_tokens: int, top_k: int, *, budget: int, local_experts: int) -> int:
-  """The rounds the worst routing needs: all T x min(K, E_l) pairs of a source for one rank."""
+  """The rounds the worst routing needs: all T x min(K, E_l) pairs of a source for one rank (a token's
+  top-k experts are distinct, as every router's are; pairs of repeated ids past these rounds are counted
+  as dropped by `RoundPlan.unscheduled`, so a dropless run stops on them instead of losing them)."""
   return math.ceil(num_tokens * min(top_k, local_experts) / budget)
 
 
@@ -46,6 +50,7 @@ class RoundPlan(NamedTuple):
   slot_TP: jax.Array  # its row among those for rank p in that round, < G
   rounds: jax.Array  # rounds every rank runs: 1 + the largest round of any row on any rank (global)
   load_over_budget: jax.Array  # the largest pairs any source has for one rank, over G (global)
+  unscheduled: jax.Array  # pairs in rounds past `max_rounds` (this source): only repeated top-k ids make any
 
 
 def plan_rounds(ids_TK: jax.Array, *, local_experts: int, num_ranks: int, budget: int, axis: str | None) -> RoundPlan:
@@ -70,9 +75,10 @@ def plan_rounds(ids_TK: jax.Array, *, local_experts: int, num_ranks: int, budget
   slot_TP = row_TP - jnp.take_along_axis(before_RP, round_TP, axis=0)
   rounds = jnp.max(jnp.where(needs_TP, round_TP + 1, 0))
   load = jnp.max(cum_TP[-1]).astype(jnp.float32) / budget
+  unscheduled = jnp.sum(jnp.where(round_TP >= most, pairs_TP, 0))
   if axis is not None:
     rounds, load = jax.lax.pmax(rounds, axis), jax.lax.pmax(load, axis)
-  return RoundPlan(needs_TP, round_TP, slot_TP, rounds, load)
+  return RoundPlan(needs_TP, round_TP, slot_TP, rounds, load, unscheduled)
 
 
 def _expand(recv_x_SD, recv_ids_SK, *, local_experts: int, num_pairs: int):
@@ -94,85 +100,62 @@ def _reduce(out_QD, order_Q, recv_w_SK, num_valid):
 
 @dataclass(frozen=True)
 class RoundsDispatcher:
-  """Experts split evenly over mesh axis `axis` (P ranks), dropless, in buffers of `buffer_factor` times
-  the mean load. Call inside shard_map over that axis. `ragged`: exchange with a ragged all-to-all (only
-  real rows on the wire), else a padded all_to_all."""
+  """Experts split evenly over `exchange`'s P ranks, dropless, in buffers of `buffer_factor` times the
+  mean load: the exchange of `dispatch.ExpertParallelDispatcher`, run once per round. Call inside
+  shard_map over the exchange's axis."""
+
+  mesh_level: ClassVar[bool] = False
 
   num_experts: int
-  num_ranks: int
-  axis: str
+  exchange: Exchange
   buffer_factor: float
-  ragged: bool = False
-  exchange: Callable = collectives.all_to_all  # ragged: jax.lax.ragged_all_to_all or its reference
 
   @property
   def local_experts(self) -> int:
-    return self.num_experts // self.num_ranks
+    return self.exchange.local_experts
 
   def budget(self, ids_TK: jax.Array) -> int:
     t, k = ids_TK.shape
     return round_budget(
-      t, k, num_ranks=self.num_ranks, buffer_factor=self.buffer_factor, local_experts=self.local_experts
+      t, k, num_ranks=self.exchange.num_ranks, buffer_factor=self.buffer_factor, local_experts=self.local_experts
     )
 
   def plan(self, ids_TK: jax.Array) -> RoundPlan:
     return plan_rounds(
-      ids_TK, local_experts=self.local_experts, num_ranks=self.num_ranks, budget=self.budget(ids_TK), axis=self.axis
+      ids_TK,
+      local_experts=self.local_experts,
+      num_ranks=self.exchange.num_ranks,
+      budget=self.budget(ids_TK),
+      axis=self.exchange.axis,
     )
 
-  def _send_rows(self, plan: RoundPlan, r: jax.Array, rows: int) -> tuple[jax.Array, jax.Array, int]:
-    """(sent_TP, dest_TP, N) of round r, `rows` slots per rank: padded, rank p's rows at [p rows, (p + 1)
-    rows); ragged, packed by rank."""
-    p_n = plan.needs_TP.shape[1]
+  def _round(self, x_TD, routing: Routing, experts: Experts, plan: RoundPlan, r):
+    t, k = routing.ids_TK.shape
+    g = self.budget(routing.ids_TK)
+    p = self.exchange.num_ranks
+    send_rows = p * min(g, t)  # a round carries at most G rows from a source to a rank (each has a pair), and <= T
     sent_TP = plan.needs_TP & (plan.round_TP == r)
-    if not self.ragged:
-      dest_TP = jnp.where(sent_TP, jnp.arange(p_n)[None, :] * rows + plan.slot_TP, p_n * rows)
-      return sent_TP, dest_TP, p_n * rows
-    n_send = p_n * rows
-    send_P = jnp.sum(sent_TP, axis=0, dtype=jnp.int32)
-    start_P = jnp.cumsum(send_P) - send_P
-    return sent_TP, jnp.where(sent_TP, start_P[None, :] + plan.slot_TP, n_send), n_send
-
-  def _swap(self, operand, sent_TP, *, recv_rows: int, back: bool):
-    """One exchange of a round: there (S rows out of N) or back (N rows out of S)."""
-    if not self.ragged:
-      return self.exchange(operand, axis_name=self.axis)
-    sizes_PP = jax.lax.all_gather(jnp.sum(sent_TP, axis=0, dtype=jnp.int32), self.axis)
-    offsets = collectives.ragged_offsets(sizes_PP, jax.lax.axis_index(self.axis), back=back)
-    output = jnp.zeros((recv_rows, *operand.shape[1:]), operand.dtype)
-    if operand.dtype == jnp.int32 and not back:  # empty id rows are "not here", never expert 0
-      output = output + self.local_experts
-    return self.exchange(operand, output, *offsets, axis_name=self.axis)
-
-  def _round(self, x_TD, ids_TK, weights_TK, experts, plan: RoundPlan, r):
-    t, k = ids_TK.shape
-    g = self.budget(ids_TK)
-    rows = min(g, t)  # a round carries at most G rows from a source to a rank (each has a pair), and <= T
-    sent_TP, dest_TP, n_send = self._send_rows(plan, r, rows)
-    send = permute.pack_for_ranks(
-      x_TD, ids_TK, weights_TK, dest_TP, num_rows=n_send, experts_per_rank=self.local_experts
+    (recv_x_SD, recv_ids_SK, recv_w_SK), trip = self.exchange.there(
+      x_TD, routing.ids_TK, routing.weights_TK, sent_TP, plan.slot_TP, send_rows=send_rows, recv_rows=send_rows
     )
-    s = self.num_ranks * rows
-    recv_x_SD, recv_ids_SK, recv_w_SK = (self._swap(a, sent_TP, recv_rows=s, back=False) for a in send)
     rows_QD, group_sizes, order_Q = _expand(
-      recv_x_SD, recv_ids_SK, local_experts=self.local_experts, num_pairs=self.num_ranks * (g + k - 1)
+      recv_x_SD, recv_ids_SK, local_experts=self.local_experts, num_pairs=p * (g + k - 1)
     )
     partial_SD = _reduce(experts(rows_QD, group_sizes), order_Q, recv_w_SK, jnp.sum(group_sizes))
-    back_ND = self._swap(partial_SD, sent_TP, recv_rows=n_send, back=True)
-    return permute.gather_returned(back_ND, dest_TP, sent_TP)
+    return self.exchange.back(partial_SD, trip, send_rows=send_rows)
 
-  def run(self, x_TD, ids_TK, weights_TK, experts: Callable) -> tuple[jax.Array, dict[str, jax.Array]]:
+  def run(self, x_TD: jax.Array, routing: Routing, experts: Experts) -> tuple[jax.Array, DispatchStats]:
     """(y_TD: every round's outputs summed, rounds past `plan.rounds` skipped (all ranks agree); the stats
     of the same plan, so its global counts are gathered once)."""
-    plan = self.plan(ids_TK)
-    t, k = ids_TK.shape
-    most = max_rounds(t, k, budget=self.budget(ids_TK), local_experts=self.local_experts)
+    plan = self.plan(routing.ids_TK)
+    t, k = routing.ids_TK.shape
+    most = max_rounds(t, k, budget=self.budget(routing.ids_TK), local_experts=self.local_experts)
 
     @jax.checkpoint
     def one(r):
       return jax.lax.cond(
         r < plan.rounds,
-        lambda: self._round(x_TD, ids_TK, weights_TK, experts, plan, r),
+        lambda: self._round(x_TD, routing, experts, plan, r),
         lambda: jnp.zeros_like(x_TD),
       )
 
@@ -180,18 +163,17 @@ class RoundsDispatcher:
       return y_TD + one(r), None
 
     y_TD, _ = jax.lax.scan(body, jnp.zeros_like(x_TD), jnp.arange(most))
-    return y_TD, self._stats(ids_TK, plan)
+    return y_TD, self._stats(routing.ids_TK, plan)
 
-  def _stats(self, ids_TK: jax.Array, plan: RoundPlan) -> dict[str, jax.Array]:
-    """Wire rows with and without dedup, one round's receive buffer, nothing dropped; and (global) the
-    rounds run and the largest load over the per-round budget."""
+  def _stats(self, ids_TK: jax.Array, plan: RoundPlan) -> DispatchStats:
+    """Wire rows with and without dedup, one round's receive buffer, pairs past the static rounds (none
+    for distinct top-k ids); and (global) the rounds run and the largest load over the per-round budget."""
     t, k = ids_TK.shape
-    f32 = jnp.float32
-    return {
-      "rows_sent": jnp.sum(plan.needs_TP).astype(f32),
-      "rows_sent_no_dedup": jnp.asarray(t * k, f32),
-      "buffer_rows": jnp.asarray(self.num_ranks * min(self.budget(ids_TK), t), f32),
-      "dropped": jnp.zeros((), f32),
-      "rounds": plan.rounds.astype(f32),
-      "load_over_budget": plan.load_over_budget,
-    }
+    return DispatchStats.of(
+      rows_sent=jnp.sum(plan.needs_TP),
+      rows_sent_no_dedup=t * k,
+      buffer_rows=self.exchange.num_ranks * min(self.budget(ids_TK), t),
+      dropped=plan.unscheduled,
+      rounds=plan.rounds,
+      load_over_budget=plan.load_over_budget,
+    )

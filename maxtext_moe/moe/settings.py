@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from maxtext_moe.moe import mesh_axes
+
 
 class DispatchKind(StrEnum):
   """How routed tokens reach their experts' devices (each token sent once per destination rank)."""
@@ -22,6 +24,16 @@ class DispatchKind(StrEnum):
   ALL_TO_ALL = "all_to_all"  # portable; padded worst-case buffers on the wire
   RAGGED_ALL_TO_ALL = "ragged_all_to_all"  # only real rows on the wire; XLA's NCCL send/recv on GPU
   TE_EP = "te_ep"  # Transformer Engine's NCCL EP: fused dispatch/combine, one GPU per process
+
+
+class BufferMode(StrEnum):
+  """How large the expert-parallel buffers are (all_to_all, ragged_all_to_all; te_ep sizes its own)."""
+
+  BOUNDED = "bounded"  # moe_buffer_factor x the mean load, the overflow in further rounds (moe.rounds): dropless
+  WORST_CASE = "worst_case"  # one exchange sized for every token on one rank (or capped by moe_capacity_factor)
+
+
+DEFAULT_BUFFER_FACTOR = 1.5  # bounded buffers: 1.5 x the mean load (one round for natural routing)
 
 
 class GemmBackend(StrEnum):
@@ -76,7 +88,8 @@ class MoESettings:
   dispatch: DispatchKind = DispatchKind.AUTO
   gemm: GemmBackend = GemmBackend.AUTO
   capacity_factor: float = 0.0
-  buffer_factor: float = 0.0  # > 0: bounded-memory dropless EP (moe.rounds), buffers of this x the mean load
+  buffers: BufferMode = BufferMode.BOUNDED
+  buffer_factor: float = DEFAULT_BUFFER_FACTOR  # bounded: buffers of this x the mean load (moe.rounds)
   activation: str = "silu"
   quantization: GemmQuantization = GemmQuantization.NONE
   te_recv_capacity: int = 0  # te_ep: rows each rank receives, as bootstrapped (0: TE's sizing for this call)
@@ -138,12 +151,22 @@ def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float)
     raise ValueError(f"moe_dispatch=te_ep takes moe_capacity_factor 0 (dropless) or >= 1, got {capacity_factor}")
 
 
-def check_te_ep_layout(axis_sizes: dict[str, int], *, num_experts: int, expert_axis: str = "expert") -> None:
+def check_buffers(kind: DispatchKind | str, buffers: BufferMode | str, *, capacity_factor: float) -> None:
+  """Bounded buffers are dropless; a capacity factor caps single-shot buffers and drops what overflows: the
+  two exclude each other where the buffers are ours (all_to_all; ragged_all_to_all takes no capacity)."""
+  if runs_in_rounds(kind, buffers) and capacity_factor > 0:
+    raise ValueError(
+      f"moe_buffers=bounded (dropless rounds) and moe_capacity_factor={capacity_factor} (a cap that drops) exclude "
+      "each other: set moe_buffers=worst_case to cap the single-shot buffers, or moe_capacity_factor=0"
+    )
+
+
+def check_te_ep_layout(axis_sizes: dict[str, int], *, num_experts: int, expert_axis: str = mesh_axes.EXPERT) -> None:
   """TE's NCCL EP splits tokens over (one of data or fsdp, expert) and nothing else: its leading spec is
   (outer, ep). Raises ValueError (one line, with the fix) for a layout it cannot serve."""
   ep = axis_sizes.get(expert_axis, 1)
   others = {a: n for a, n in axis_sizes.items() if n > 1 and a != expert_axis}
-  outer = [a for a in others if a in TE_EP_OUTER_AXES]
+  outer = [a for a in others if a in mesh_axes.TE_EP_OUTER]
   if ep < 2:
     raise ValueError(f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto")
   if num_experts % ep:
@@ -154,9 +177,6 @@ def check_te_ep_layout(axis_sizes: dict[str, int], *, num_experts: int, expert_a
       f"moe_dispatch=te_ep splits tokens over expert and at most one of data or fsdp, not {layout}; "
       "fold the rest into fsdp (or use moe_dispatch=all_to_all)"
     )
-
-
-TE_EP_OUTER_AXES = ("data", "fsdp")  # MaxText's names for TE's dp_resource and fsdp_resource
 
 
 def check_quantization(
@@ -199,6 +219,13 @@ def round_budget(num_tokens: int, top_k: int, *, num_ranks: int, buffer_factor: 
   return max(top_k, min(most, math.ceil(buffer_factor * num_tokens * top_k / num_ranks)))
 
 
+def runs_in_rounds(kind: DispatchKind | str, buffers: BufferMode | str) -> bool:
+  """Whether this dispatch runs bounded-memory rounds (`moe.rounds`): all_to_all and ragged_all_to_all with
+  `moe_buffers: bounded`; te_ep sizes its own buffers and local has none."""
+  exchanged = DispatchKind(kind) in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
+  return exchanged and BufferMode(buffers) == BufferMode.BOUNDED
+
+
 def routed_rows(
   kind: DispatchKind | str,
   num_tokens: int,
@@ -206,18 +233,22 @@ def routed_rows(
   *,
   num_ranks: int,
   capacity_factor: float,
-  buffer_factor: float = 0.0,
-  num_experts: int = 0,
+  buffers: BufferMode | str,
+  buffer_factor: float = DEFAULT_BUFFER_FACTOR,
+  num_experts: int,
 ) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
   local T x K; all_to_all P x capacity x K; ragged_all_to_all and te_ep T x P x K (TE's dropless receive
-  capacity, before its 128-row alignment per local expert); with buffer_factor > 0 (all_to_all and
-  ragged_all_to_all, one round of `moe.rounds`) P x (G + K - 1)."""
+  capacity, before its 128-row alignment per local expert); bounded (all_to_all and ragged_all_to_all, one
+  round of `moe.rounds`) P x (G + K - 1).
+
+  Example: routed_rows("all_to_all", 1024, 8, num_ranks=8, capacity_factor=0, buffers="bounded",
+    num_experts=64) -> 8 x (1536 + 7) = 12344.
+  """
   kind = DispatchKind(kind)
   if kind == DispatchKind.LOCAL:
     return num_tokens * top_k
-  bounded = (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
-  if kind in bounded and buffer_factor > 0 and capacity_factor <= 0 and num_experts:
+  if runs_in_rounds(kind, buffers):
     g = round_budget(
       num_tokens, top_k, num_ranks=num_ranks, buffer_factor=buffer_factor, local_experts=num_experts // num_ranks
     )

@@ -9,6 +9,7 @@ into the `moe/*` scalars of metrics.jsonl (`step_metrics`) and the step's per-la
 """
 
 import collections
+import dataclasses
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,41 @@ MAX_STATS = ("rounds", "load_over_budget")  # bounded-memory EP (moe.rounds): th
 LOAD = "load"
 BIAS = "bias_abs_mean"  # per layer: mean |routing bias| (recorded by the MaxText seam, not the block)
 NAMES = (*SCALARS, *MAX_STATS, LOAD, BIAS)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DispatchStats:
+  """What a dispatcher reports of one call, float32 scalars: rows on the wire with and without per-rank
+  dedup, rows of its receive buffer, dropped (token, expert) assignments (0 when dropless), and for
+  bounded-memory EP the rounds run and the largest load over one round's budget. Per device inside
+  shard_map until `over_devices` adds the counts up (and takes the largest rounds and load)."""
+
+  rows_sent: jax.Array
+  rows_sent_no_dedup: jax.Array
+  buffer_rows: jax.Array
+  dropped: jax.Array
+  rounds: jax.Array
+  load_over_budget: jax.Array
+
+  @classmethod
+  def of(
+    cls, *, rows_sent, rows_sent_no_dedup, buffer_rows, dropped=0, rounds=1, load_over_budget=0
+  ) -> "DispatchStats":
+    """Stats from numbers or arrays: one round and no budget unless given (single-shot dispatchers)."""
+    values = dict(rows_sent=rows_sent, rows_sent_no_dedup=rows_sent_no_dedup, buffer_rows=buffer_rows, dropped=dropped)
+    values |= dict(rounds=rounds, load_over_budget=load_over_budget)
+    return cls(**{k: jnp.asarray(v).astype(jnp.float32) for k, v in values.items()})
+
+  def over_devices(self, axes: tuple[str, ...]) -> "DispatchStats":
+    """Inside shard_map: counts summed over `axes`, rounds and load the largest (already global)."""
+    if not axes:
+      return self
+    reduce = {name: jax.lax.pmax if name in MAX_STATS else jax.lax.psum for name in (*SCALARS, *MAX_STATS)}
+    return DispatchStats(**{k: reduce[k](v, axes) for k, v in self.as_dict().items()})
+
+  def as_dict(self) -> dict[str, jax.Array]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class DroplessViolation(RuntimeError):

@@ -22,7 +22,7 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                               4 x T x H x (qk + v head dims)
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
-                 with moe_buffer_factor > 0 (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
+                 with moe_buffers=bounded (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
                  G = ceil(factor x T x K / EP): extra rounds cost time, not memory
 
 The copy counts (4 logits buffers, 2 live in the layer phase, the MoE row buffers) were read off XLA's
@@ -37,30 +37,12 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from maxtext_moe.config.keys import Hardware
+from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.settings import routed_rows
 
 GIB = 2**30
 
-
-@dataclasses.dataclass(frozen=True)
-class DeviceSpec:
-  """Per-GPU figures from the vendors' data sheets: HBM, host memory per GPU, dense bf16 peak."""
-
-  hbm_gib: float
-  host_gib: float
-  peak_bf16_tflops: float
-
-
-# Host memory per GPU: DGX H100/H200 2 TB / 8, DGX B200 4 TB / 8, GB200/GB300 NVL72 one 480 GB Grace per 2 GPUs.
-DEVICES: dict[Hardware, DeviceSpec] = {
-  Hardware.H100: DeviceSpec(80, 256, 989),
-  Hardware.H200: DeviceSpec(141, 256, 989),
-  Hardware.B200: DeviceSpec(180, 512, 2250),
-  Hardware.GB200: DeviceSpec(186, 240, 2500),
-  Hardware.GB300: DeviceSpec(288, 240, 2500),
-}
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
@@ -70,22 +52,6 @@ def dtype_bytes(dtype: Any) -> int:
   if name not in _DTYPE_BYTES:
     raise UserError(f"the planner does not know dtype '{name}'; use one of {', '.join(_DTYPE_BYTES)}")
   return _DTYPE_BYTES[name]
-
-
-def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
-  """{mesh axis: size} from the config's ICI and DCN degrees, with a -1 axis filled as MaxText does."""
-  slices = max(int(getattr(cfg, "num_slices", 1) or 1), 1)
-
-  def fill(degrees: list[int], total: int) -> list[int]:
-    degrees = [int(d) for d in degrees]
-    if -1 in degrees:
-      known = math.prod(d for d in degrees if d != -1)
-      degrees[degrees.index(-1)] = max(total // known, 1)
-    return degrees
-
-  ici = fill(list(cfg.ici_parallelism), num_devices // slices)
-  dcn = fill(list(cfg.dcn_parallelism), slices)
-  return {axis: i * d for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}
 
 
 def _mesh_axes(names: tuple, rules: list) -> list[tuple[str, ...]]:
@@ -169,6 +135,7 @@ def moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> int:
     int(cfg.num_experts_per_tok),
     num_ranks=ep,
     capacity_factor=float(cfg.moe_capacity_factor),
+    buffers=cfg.moe_buffers,
     buffer_factor=float(cfg.moe_buffer_factor),
     num_experts=int(cfg.num_experts),
   )

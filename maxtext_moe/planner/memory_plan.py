@@ -11,10 +11,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from maxtext_moe.config.keys import Hardware
+from maxtext_moe.config import hardware
+from maxtext_moe.config.hardware import Hardware
+from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
-from maxtext_moe.planner.estimate import DEVICES, GIB, Estimate, estimate, mesh_sizes
+from maxtext_moe.planner.estimate import GIB, Estimate, estimate
 
 
 def _gib(n: int | None) -> str:
@@ -42,8 +44,8 @@ class MemoryPlan:
 
   @property
   def peak_tflops(self) -> float | None:
-    spec = DEVICES.get(self.hardware)
-    return spec.peak_bf16_tflops if spec else None
+    gpu = hardware.gpu(self.hardware)
+    return gpu.peak_tflops["bf16"] if gpu else None
 
   def table(self) -> str:
     """A readable report: layout, memory per device by component, verdict, fix, throughput."""
@@ -155,13 +157,13 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
     import jax  # pylint: disable=import-outside-toplevel
 
     n = jax.device_count()
-  spec = DEVICES.get(Hardware(cfg.recipe_hardware))
+  spec = hardware.gpu(cfg.recipe_hardware)
   mem_fraction = float(flags.for_config(cfg).env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75 if spec else 1.0))
   hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
   # The parameter tree's shapes do not depend on the layout: trace it once, on one device.
   one_device = upstream_config.resolved(path, [*base_overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
   leaves = upstream_model.param_leaves(one_device)
-  return _Context(path, base_overrides, n, hbm, spec.host_gib if spec else None, leaves, _target(cfg)), cfg
+  return _Context(path, base_overrides, n, hbm, spec.host_gb * 1e9 / GIB if spec else None, leaves, _target(cfg)), cfg
 
 
 def _target(cfg: Any) -> Any:

@@ -15,7 +15,7 @@ from flax.linen import partitioning as nn_partitioning
 from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import maxtext_utils, sharding
 
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream import moe_layer
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import installed
 
@@ -55,7 +55,7 @@ def _train_step(cfg: Any) -> _TrainStep:
 def compiled_train_memory(cfg: Any) -> dict[str, int]:
   """XLA's `memory_analysis()` per device of the train step for a resolved config (HyperParameters):
   argument/output/alias/temp bytes, on device and host."""
-  with installed(model_patches()), te.shard_guard():
+  with installed(model_patches()), moe_layer.te_guard():
     s = _train_step(cfg)
     rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
     compiled = train_compile.jit_and_compile(
@@ -73,7 +73,7 @@ def lowered_train_step(cfg: Any, *, platform: str) -> str:
   machine: jax.export lowers for a platform it does not run on. Nothing is compiled."""
   from jax import export  # pylint: disable=import-outside-toplevel
 
-  with installed(model_patches()), te.shard_guard():
+  with installed(model_patches()), moe_layer.te_guard():
     s = _train_step(cfg)
     with jax.set_mesh(s.mesh), nn_partitioning.axis_rules(cfg.logical_axis_rules):
       jitted = jax.jit(

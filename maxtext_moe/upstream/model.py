@@ -25,7 +25,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mla_norm, moe_layer, orbax, te
+from maxtext_moe.upstream import mla_norm, moe_layer, orbax
 from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
@@ -100,7 +100,7 @@ class Forward:
     cfg = self.cfg
     with (
       installed(model_patches()),
-      te.shard_guard(),
+      moe_layer.te_guard(),
       jax.set_mesh(self.mesh),
       logical_axis_rules(cfg.logical_axis_rules),
     ):
@@ -137,7 +137,7 @@ def routed_moe_layer(cfg: Any) -> tuple[Callable, Callable, Any, jax.Array, Call
   def run_ctx() -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     stack.enter_context(installed(model_patches()))
-    stack.enter_context(te.shard_guard())
+    stack.enter_context(moe_layer.te_guard())
     stack.enter_context(jax.set_mesh(mesh))
     stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
     return stack

@@ -19,6 +19,8 @@ from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.config.keys import MoEImpl
+from maxtext_moe.config.layout import expert_parallelism
+from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.settings import (
   DispatchKind,
@@ -31,10 +33,6 @@ from maxtext_moe.moe.settings import (
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
 from maxtext_moe.upstream import te
 from maxtext_moe.upstream.patches import Patch, original
-
-
-def expert_parallelism(cfg: Any) -> int:
-  return max(cfg.ici_expert_parallelism, 1) * max(cfg.dcn_expert_parallelism, 1)
 
 
 def mesh_axis_sizes(cfg: Any) -> dict[str, int]:
@@ -55,6 +53,7 @@ def settings_from_config(cfg: Any) -> MoESettings:
     dispatch=dispatch,
     gemm=gemm,
     capacity_factor=float(cfg.moe_capacity_factor),
+    buffers=cfg.moe_buffers,
     buffer_factor=float(cfg.moe_buffer_factor),
     activation=cfg.mlp_activations[0],
     quantization=cfg.moe_gemm_quantization,
@@ -71,24 +70,30 @@ def prepare_te_ep(cfg: Any) -> None:
   if resolved_kinds(cfg)[0] != DispatchKind.TE_EP:
     return
   mesh = maxtext_utils.get_mesh_from_config(cfg)
-  ranks = math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp", "expert"))  # TE EP's token split
+  ranks = math.prod(mesh.shape.get(a, 1) for a in (*mesh_axes.TE_EP_OUTER, mesh_axes.EXPERT))  # TE EP's token split
   batch = max(int(cfg.micro_batch_size_to_train_on), int(cfg.micro_batch_size_to_eval_on or 0))
   tokens = -(-batch // ranks) * int(cfg.max_target_length)
   capacity = te.recv_capacity(
     num_experts=cfg.num_experts,
     top_k=cfg.num_experts_per_tok,
     tokens_per_rank=tokens,
-    ep_size=mesh.shape["expert"],
+    ep_size=mesh.shape[mesh_axes.EXPERT],
     factor=float(cfg.moe_capacity_factor),
   )
   te.bootstrap(
     mesh,
+    axes=mesh_axes.TE_RESOURCES,
     num_experts=cfg.num_experts,
     tokens_per_rank=tokens,
     capacity=capacity,
     hidden_dim=cfg.emb_dim,
     drop=float(cfg.moe_capacity_factor) > 0,
   )
+
+
+def te_guard() -> Any:
+  """TE's mesh resources named as MaxText names its axes (a null context where TE is absent)."""
+  return te.shard_guard(mesh_axes.TE_RESOURCES)
 
 
 def _load_balance_loss(layer: Any, gate_logits, pre_bias_logits, top_k_indices):
@@ -156,14 +161,14 @@ def dropless_sparse_matmul(
   )
   b, s, d = inputs.shape
   k = ids_TK.shape[-1]
-  ep = self.mesh.shape.get("expert", 1)
+  ep = self.mesh.shape.get(mesh_axes.EXPERT, 1)
   y_TD, stats = moe_block(
     inputs.reshape(b * s, d),
     ids_TK.reshape(b * s, k).astype(jnp.int32),
     weights_TK.reshape(b * s, k).astype(inputs.dtype),
     *(w.astype(inputs.dtype) for w in (w0_kernel, w1_kernel, wo_kernel)),
     mesh=self.mesh,
-    expert_axis="expert" if ep > 1 else None,
+    expert_axis=mesh_axes.EXPERT if ep > 1 else None,
     settings=settings_from_config(self.config),
   )
   stats[BIAS] = _bias_magnitude(self)

@@ -180,7 +180,7 @@ def recv_capacity(*, num_experts: int, top_k: int, tokens_per_rank: int, ep_size
   )
 
 
-def shard_guard() -> Any:
+def shard_guard(axes: tuple[str, str, str]) -> Any:
   """TE's mesh resources named as MaxText names its axes (MaxText enters the same guard for its GPU runs):
   TE EP reads them when the step is traced, its backward included. A null context where TE is absent."""
   import contextlib  # pylint: disable=import-outside-toplevel
@@ -189,13 +189,15 @@ def shard_guard() -> Any:
     return contextlib.nullcontext()
   from transformer_engine.jax import sharding  # pylint: disable=import-outside-toplevel
 
-  return sharding.global_shard_guard(_mesh_resource())
+  return sharding.global_shard_guard(_mesh_resource(axes))
 
 
-def _mesh_resource() -> Any:
+def _mesh_resource(axes: tuple[str, str, str]) -> Any:
+  """TE's MeshResource from the mesh's (data, fsdp, expert) axis names."""
   from transformer_engine.jax import sharding  # pylint: disable=import-outside-toplevel
 
-  return sharding.MeshResource(dp_resource="data", fsdp_resource="fsdp", ep_resource="expert")
+  data, fsdp, expert = axes
+  return sharding.MeshResource(dp_resource=data, fsdp_resource=fsdp, ep_resource=expert)
 
 
 _BOOTSTRAPPED: dict[str, tuple] = {}  # TE EP's communicator is per process: the signature it was built with
@@ -206,7 +208,16 @@ def bootstrapped_capacity() -> int:
   return _BOOTSTRAPPED["ep"][2] if "ep" in _BOOTSTRAPPED else 0
 
 
-def bootstrap(mesh: Any, *, num_experts: int, tokens_per_rank: int, capacity: int, hidden_dim: int, drop: bool) -> None:
+def bootstrap(
+  mesh: Any,
+  *,
+  axes: tuple[str, str, str],
+  num_experts: int,
+  tokens_per_rank: int,
+  capacity: int,
+  hidden_dim: int,
+  drop: bool,
+) -> None:
   """ep_bootstrap, once per process (again only with the same sizes), inside `mesh` and a shard guard
   naming MaxText's axes."""
   from transformer_engine.jax import ep, sharding  # pylint: disable=import-outside-toplevel
@@ -216,7 +227,7 @@ def bootstrap(mesh: Any, *, num_experts: int, tokens_per_rank: int, capacity: in
     return
   if "ep" in _BOOTSTRAPPED:
     raise RuntimeError(f"TE EP was bootstrapped with {_BOOTSTRAPPED['ep']}; this run needs {signature}")
-  with jax.set_mesh(mesh), sharding.global_shard_guard(_mesh_resource()):
+  with jax.set_mesh(mesh), sharding.global_shard_guard(_mesh_resource(axes)):
     ep.ep_bootstrap(
       world_size=None,
       rank=None,

@@ -32,7 +32,7 @@ from maxtext.trainers.pre_train import train
 from maxtext.utils import max_utils, maxtext_utils
 
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream import moe_layer, recovery, te
+from maxtext_moe.upstream import moe_layer, recovery
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed, original
@@ -185,7 +185,7 @@ def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery |
   moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed([*_patches(run), *recovery.patches(rec or recovery.Recovery())]), te.shard_guard():
+  with installed([*_patches(run), *recovery.patches(rec or recovery.Recovery())]), moe_layer.te_guard():
     try:
       train.main(["", "<config resolved by maxtext-moe>"])
     finally:

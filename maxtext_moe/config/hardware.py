@@ -1,0 +1,134 @@
+"""The hardware table: one row per GPU model, read by the planner, `k8s`, the flag profiles, `compile` and
+the tests. Adding a GPU model is one row here and a profile in configs/flags/profiles.yml
+(docs/contributing.md).
+
+Where each figure comes from:
+- HBM, SM count, clock, L2 and memory bandwidth: what the CUDA driver reports for the device
+  (`cudaGetDeviceProperties`), as recorded in XLA's GPU target specs (openxla/xla,
+  xla/backends/gpu/target_config/specs/*.txtpb), which match NVIDIA's data sheets (H100 80 GB / 3.35 TB/s,
+  H200 141 GB / 4.8 TB/s, B200 180 GB / 8 TB/s, GB200 186 GB / 8 TB/s, GB300 288 GB / 8 TB/s).
+- Dense tensor-core peaks: NVIDIA's data sheets, which print them with 2:4 sparsity; these are half of
+  those. H100/H200 SXM: bf16 989, fp8 1,979 TFLOP/s. DGX B200: bf16 2,250, fp8 and mxfp8 4,500. GB200 and
+  GB300 NVL72 (per GPU, the rack's figure / 72): bf16 2,500, fp8 and mxfp8 5,000.
+- NVLink: 900 GB/s per GPU (NVLink 4, H100/H200) and 1.8 TB/s (NVLink 5, Blackwell), both counted in both
+  directions; the table keeps one direction. NVLink domain: the 8 GPUs of an HGX board, or the 72 of an
+  NVL72 rack.
+- Network: one ConnectX-7 400 Gb/s NIC per GPU (DGX H100/H200/B200, GB200 NVL72), ConnectX-8 800 Gb/s per
+  GPU (GB300 NVL72), one direction.
+- Host memory per GPU: DGX H100/H200 2 TB / 8 GPUs; DGX B200 2 TB / 8; NVL72: one Grace CPU with 480 GB of
+  LPDDR5X per 2 GPUs.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class GpuModel:
+  """One GPU model as a recipe's `recipe_hardware` names it."""
+
+  product: str  # the device name the driver reports
+  hbm_bytes: int  # device memory the driver reports
+  host_gb: float  # host memory per GPU
+  peak_tflops: dict[str, float]  # dense tensor-core peak per number format: bf16, fp8, mxfp8
+  gpus_per_node: int  # GPUs one Kubernetes pod / SLURM node drives
+  nvlink_domain: int  # GPUs that reach each other over NVLink
+  nvlink_gbs: float  # NVLink bandwidth per GPU, one direction, GB/s
+  network_gbs: float  # scale-out network bandwidth per GPU, one direction, GB/s
+  flag_profile: str  # its profile in configs/flags/profiles.yml
+  compute_capability: tuple[int, int]
+  sm_count: int
+  clock_ghz: float
+  l2_bytes: int
+  hbm_bandwidth: float  # bytes/s
+  limits: dict[str, int] = field(default_factory=dict)  # per-SM limits that differ from `SM_LIMITS`
+
+  @property
+  def hbm_gib(self) -> float:
+    return self.hbm_bytes / 2**30
+
+
+# Per-SM and per-block limits of every SM 9.x and 10.x GPU (CUDA C++ Programming Guide, "Compute
+# Capabilities": 1024 threads per block, 2048 per SM, 64K registers, 227 KiB of shared memory per block
+# on opt-in, 228 KiB per SM, 128 FP32 units per SM).
+SM_LIMITS = {
+  "threads_per_block_limit": 1024,
+  "threads_per_warp": 32,
+  "shared_memory_per_block": 48 * 1024,
+  "shared_memory_per_block_optin": 227 * 1024,
+  "shared_memory_per_core": 228 * 1024,
+  "threads_per_core_limit": 2048,
+  "fpus_per_core": 128,
+  "registers_per_core_limit": 65536,
+  "registers_per_block_limit": 65536,
+  "block_dim_limit_x": 2**31 - 1,
+  "block_dim_limit_y": 65535,
+  "block_dim_limit_z": 65535,
+}
+
+_HOPPER = {"bf16": 989.0, "fp8": 1979.0}
+_BLACKWELL_HGX = {"bf16": 2250.0, "fp8": 4500.0, "mxfp8": 4500.0}
+_BLACKWELL_NVL72 = {"bf16": 2500.0, "fp8": 5000.0, "mxfp8": 5000.0}
+
+GPUS: dict[str, GpuModel] = {
+  "h100": GpuModel(
+    "NVIDIA H100 80GB HBM3", 84_942_979_072, 256, _HOPPER, 8, 8, 450, 50, "h100",
+    (9, 0), 132, 1.98, 50 * 2**20, 3.35232e12,
+  ),
+  "h200": GpuModel(
+    "NVIDIA H200 141GB HBM3e", 151_397_597_184, 256, _HOPPER, 8, 8, 450, 50, "h200",
+    (9, 0), 132, 1.98, 50 * 2**20, 4.8e12,
+  ),
+  "b200": GpuModel(
+    "NVIDIA B200", 191_514_411_008, 256, _BLACKWELL_HGX, 8, 8, 900, 50, "b200",
+    (10, 0), 148, 1.965, 132_644_864, 7.67232e12,
+  ),
+  "gb200": GpuModel(
+    "NVIDIA GB200", 197_897_748_480, 240, _BLACKWELL_NVL72, 4, 72, 900, 50, "gb200",
+    (10, 0), 152, 2.062, 135_528_448, 7.928064e12,
+  ),
+  "gb300": GpuModel(
+    "NVIDIA GB300", 297_021_079_552, 240, _BLACKWELL_NVL72, 4, 72, 900, 100, "gb300",
+    (10, 3), 152, 2.07, 135_528_448, 7.928064e12,
+  ),
+}  # fmt: skip
+
+# What a recipe is laid out for: CPU (tests, the embedded default) or a GPU model of the table.
+Hardware = StrEnum("Hardware", {"CPU": "cpu", **{name.upper(): name for name in GPUS}})
+
+CUDA_RUNTIME = (12, 8)  # what jax-cuda12 targets; XLA:GPU reads it from the target config
+CUDNN = (9, 10)
+
+
+def gpu(hardware: "Hardware | str") -> GpuModel | None:
+  """The table's row for a recipe's hardware (None for CPU)."""
+  return GPUS.get(str(hardware))
+
+
+def target_config(model: GpuModel) -> str:
+  """XLA:GPU's GpuTargetConfigProto for `model`, in text form: what a compile for that GPU needs when no
+  such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`)."""
+  major, minor = model.compute_capability
+  info = {
+    "core_count": model.sm_count,
+    "memory_bandwidth": int(model.hbm_bandwidth),
+    "l2_cache_size": model.l2_bytes,
+    "device_memory_size": model.hbm_bytes,
+    **SM_LIMITS,
+    **model.limits,
+  }
+  lines = [f"  {k}: {v}" for k, v in info.items()]
+  lines += [f"  clock_rate_ghz: {model.clock_ghz}", f"  cuda_compute_capability {{ major: {major} minor: {minor} }}"]
+  return "\n".join(
+    [
+      "gpu_device_info {",
+      *lines,
+      "}",
+      'platform_name: "CUDA"',
+      f"dnn_version_info {{ major: {CUDNN[0]} minor: {CUDNN[1]} }}",
+      f"runtime_version {{ major: {CUDA_RUNTIME[0]} minor: {CUDA_RUNTIME[1]} }}",
+      f'device_description_str: "{model.product}"',
+    ]
+  )

@@ -1,0 +1,61 @@
+"""A config's parallelism layout, read once: the degree of each mesh axis and the expert-parallel degree.
+
+Every function takes a resolved config (any object with MaxText's attribute names). MaxText names its
+ICI degrees `ici_<axis>_parallelism` and its DCN (across slices) degrees `dcn_<axis>_parallelism`; -1 means
+"the devices left over", at most one per side.
+"""
+
+import math
+from typing import Any
+
+ICI = "ici_"
+DCN = "dcn_"
+SUFFIX = "_parallelism"
+
+
+def parallelism_axes(cfg: Any, *, prefix: str) -> dict[str, int]:
+  """Returns {axis: degree} for every `<prefix><axis>_parallelism` field of `cfg`.
+
+  Example: for MaxText's defaults, `parallelism_axes(cfg, prefix="ici_")["fsdp"] == -1`.
+  """
+  fields = type(cfg).model_fields if hasattr(type(cfg), "model_fields") else vars(cfg)
+  axes = {}
+  for name in fields:
+    axis = name[len(prefix) : -len(SUFFIX)]
+    value = getattr(cfg, name)
+    # `ici_parallelism` (no axis) is MaxText's derived list of all degrees, not an axis.
+    if name.startswith(prefix) and name.endswith(SUFFIX) and axis and isinstance(value, int):
+      axes[axis] = value
+  return axes
+
+
+def fixed_layout_size(cfg: Any, *, prefix: str | None = None) -> tuple[int, bool]:
+  """Returns (product of the fixed degrees, whether some axis is -1 auto), over ICI, DCN or both."""
+  prefixes = (prefix,) if prefix else (ICI, DCN)
+  degrees = [d for p in prefixes for d in parallelism_axes(cfg, prefix=p).values()]
+  return math.prod(d for d in degrees if d > 0), any(d == -1 for d in degrees)
+
+
+def expert_parallelism(cfg: Any) -> int:
+  """The expert-parallel degree: ICI x DCN expert degrees (an auto -1 expert axis counts as 1 here).
+
+  Example: ici_expert_parallelism=8, dcn_expert_parallelism=1 -> 8.
+  """
+  return max(int(cfg.ici_expert_parallelism), 1) * max(int(cfg.dcn_expert_parallelism), 1)
+
+
+def _fill(degrees: list[int], total: int) -> list[int]:
+  """A -1 degree replaced by what the others leave of `total`, as MaxText fills it."""
+  degrees = [int(d) for d in degrees]
+  if -1 in degrees:
+    known = math.prod(d for d in degrees if d != -1)
+    degrees[degrees.index(-1)] = max(total // known, 1)
+  return degrees
+
+
+def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
+  """{mesh axis: size} over `num_devices` from the ICI and DCN degrees, a -1 axis filled as MaxText does."""
+  slices = max(int(getattr(cfg, "num_slices", 1) or 1), 1)
+  ici = _fill(list(cfg.ici_parallelism), num_devices // slices)
+  dcn = _fill(list(cfg.dcn_parallelism), slices)
+  return {axis: i * d for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}

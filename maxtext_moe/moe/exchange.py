@@ -1,0 +1,90 @@
+"""One trip of expert-parallel rows to their ranks and back: the exchange every EP dispatcher is built on.
+
+An `Exchange` moves the (token, rank) rows that a dispatcher chose (`sent_TP`, each at its `slot_TP` among
+the rows for that rank) to their ranks, and the ranks' results back, inside shard_map over `axis`:
+
+- `there`: packs each chosen row once per destination rank (`permute.pack_for_ranks`: the token, its top-k
+  ids as that rank's local ids, its weights) and exchanges the buffers; returns the received rows and a
+  `Trip` that remembers where each row went.
+- `back`: sends each received row's result to where it came from and sums each token's results over the
+  ranks it was sent to (`permute.gather_returned`).
+
+Two layouts, one contract. Padded (`jax.lax.all_to_all`): rank p's rows sit at [p x rows, (p + 1) x rows)
+of a [P x rows] buffer, so the wire carries the padding. Ragged (`jax.lax.ragged_all_to_all`, or its
+reference where XLA lacks it): rows are packed by rank and only real ones travel; all ranks share the
+[P, P] matrix of row counts, from which each derives its slices' offsets (`collectives.ragged_offsets`).
+
+Shape legend: T tokens, K top-k, D model dim, P ranks, N send rows, S received rows.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from maxtext_moe.moe import collectives, permute
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Trip:
+  """Where the rows of one exchange went, for the way back."""
+
+  sent_TP: jax.Array  # token t went to rank p
+  dest_TP: jax.Array  # at this row of the send buffer (N where not sent)
+  sizes_PP: jax.Array | None  # ragged: rows rank q sent rank p, [q, p]
+
+
+@dataclass(frozen=True)
+class Exchange:
+  """The rows of P = `num_ranks` ranks over mesh axis `axis`; experts split evenly, `local_experts` each."""
+
+  axis: str
+  num_ranks: int
+  local_experts: int
+  ragged: bool = False
+  collective: Callable = collectives.all_to_all  # ragged: jax.lax.ragged_all_to_all or its reference
+
+  def destinations(self, sent_TP: jax.Array, slot_TP: jax.Array, *, send_rows: int) -> jax.Array:
+    """Row of the N = `send_rows` send buffer that each sent (token, rank) row takes: padded, p x (N / P)
+    + slot; ragged, packed by rank (the rows for ranks < p first) + slot. N where not sent.
+
+    Example: sent_TP = [[1, 1], [0, 1]], slot_TP = [[0, 0], [0, 1]], send_rows=4
+      -> padded [[0, 2], [4, 3]]; ragged [[0, 1], [4, 2]].
+    """
+    if self.ragged:
+      send_P = jnp.sum(sent_TP, axis=0, dtype=jnp.int32)
+      first_P = jnp.cumsum(send_P) - send_P
+    else:
+      first_P = jnp.arange(self.num_ranks) * (send_rows // self.num_ranks)
+    return jnp.where(sent_TP, first_P[None, :] + slot_TP, send_rows)
+
+  def there(
+    self, x_TD, ids_TK, weights_TK, sent_TP, slot_TP, *, send_rows: int, recv_rows: int
+  ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], Trip]:
+    """((recv_x_SD, recv_ids_SK, recv_w_SK), trip): the chosen rows, received. Empty received rows have
+    zero features and weights and the local id `local_experts` ("no expert here")."""
+    dest_TP = self.destinations(sent_TP, slot_TP, send_rows=send_rows)
+    send = permute.pack_for_ranks(
+      x_TD, ids_TK, weights_TK, dest_TP, num_rows=send_rows, experts_per_rank=self.local_experts
+    )
+    if not self.ragged:
+      return tuple(self.collective(a, axis_name=self.axis) for a in send), Trip(sent_TP, dest_TP, None)
+    sizes_PP = jax.lax.all_gather(jnp.sum(sent_TP, axis=0, dtype=jnp.int32), self.axis)
+    empty = permute.empty_rows(recv_rows, *send, experts_per_rank=self.local_experts)
+    recv = tuple(self._ragged(a, out, sizes_PP, back=False) for a, out in zip(send, empty, strict=True))
+    return recv, Trip(sent_TP, dest_TP, sizes_PP)
+
+  def back(self, partial_SD: jax.Array, trip: Trip, *, send_rows: int) -> jax.Array:
+    """y_TD: each token's results summed over the ranks it was sent to."""
+    if self.ragged:
+      output = jnp.zeros((send_rows, partial_SD.shape[1]), partial_SD.dtype)
+      back_ND = self._ragged(partial_SD, output, trip.sizes_PP, back=True)
+    else:
+      back_ND = self.collective(partial_SD, axis_name=self.axis)
+    return permute.gather_returned(back_ND, trip.dest_TP, trip.sent_TP)
+
+  def _ragged(self, operand, output, sizes_PP, *, back: bool) -> jax.Array:
+    offsets = collectives.ragged_offsets(sizes_PP, jax.lax.axis_index(self.axis), back=back)
+    return self.collective(operand, output, *offsets, axis_name=self.axis)
