@@ -12,9 +12,9 @@ import psutil
 import pytest
 from jax._src.clusters.slurm_cluster import SlurmCluster
 
+from maxtext_moe.cluster import placement, supervisor
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch import cluster, supervisor
-from maxtext_moe.launch.cluster import Cluster
+from maxtext_moe.cluster.placement import Cluster
 
 SLURM = {  # task 5 of an srun step over 2 nodes x 4 tasks
   "SLURM_JOB_ID": "12345",
@@ -27,12 +27,12 @@ SLURM = {  # task 5 of an srun step over 2 nodes x 4 tasks
 
 
 def test_slurm_step_gives_the_job_and_one_gpu_per_task():
-  got = cluster.detect(SLURM)
+  got = placement.detect(SLURM)
   assert got == Cluster(f"gpu003:{12345 % 4096 + 61440}", 8, 5, 1, "slurm")
   assert got.local_device_id({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 1  # the node's GPUs: this task's is #1
   assert got.local_device_id({}) == 1
   assert got.local_device_id({"CUDA_VISIBLE_DEVICES": "2"}) == 0  # --gpus-per-task=1: SLURM narrowed it
-  assert cluster.detect(SLURM | {"JAX_COORDINATOR_PORT": "7777"}).coordinator == "gpu003:7777"
+  assert placement.detect(SLURM | {"JAX_COORDINATOR_PORT": "7777"}).coordinator == "gpu003:7777"
 
 
 @pytest.mark.parametrize("nodelist", ["node001", "node001,host2", "node[001-0015],host2", "node[001,007-015],host2"])
@@ -40,7 +40,7 @@ def test_first_slurm_host_agrees_with_jax(nodelist, monkeypatch):
   monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
   monkeypatch.setenv("SLURM_JOB_ID", "1")
   jax_host = SlurmCluster.get_coordinator_address(timeout_secs=None, override_coordinator_port="1").rsplit(":", 1)[0]
-  assert cluster.first_slurm_host(nodelist) == jax_host
+  assert placement.first_slurm_host(nodelist) == jax_host
 
 
 @pytest.mark.parametrize(
@@ -55,14 +55,14 @@ def test_first_slurm_host_agrees_with_jax(nodelist, monkeypatch):
 def test_inconsistent_slurm_variables_are_one_line(change, expected):
   env = {k: v for k, v in (SLURM | change).items() if v is not None}
   with pytest.raises(UserError) as e:
-    cluster.detect(env)
+    placement.detect(env)
   assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
 def test_single_task_or_no_step_is_a_single_process():
-  assert cluster.detect(SLURM | {"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}) is None
-  assert cluster.detect({k: v for k, v in SLURM.items() if k != "SLURM_STEP_NODELIST"}) is None  # salloc shell
-  assert cluster.detect({}) is None
+  assert placement.detect(SLURM | {"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}) is None
+  assert placement.detect({k: v for k, v in SLURM.items() if k != "SLURM_STEP_NODELIST"}) is None  # salloc shell
+  assert placement.detect({}) is None
 
 
 def test_kubernetes_node_gives_each_child_its_process_and_gpu():
@@ -70,7 +70,7 @@ def test_kubernetes_node_gives_each_child_its_process_and_gpu():
   node count and coordinator, `launch` the rest."""
   env = {"JOB_COMPLETION_INDEX": "3", "MAXTEXT_MOE_NNODES": "4", "MAXTEXT_MOE_COORDINATOR": "job-workers-0-0.job:6123"}
   job = supervisor.plan(env, nproc_per_node=8)
-  children = [cluster.detect(job.child_env(i, env)) for i in range(8)]
+  children = [placement.detect(job.child_env(i, env)) for i in range(8)]
   assert children == [Cluster("job-workers-0-0.job:6123", 32, 24 + i, i, "launch") for i in range(8)]
   assert [c.local_device_id({}) for c in children] == list(range(8))  # one GPU per process, all different
 
@@ -90,19 +90,19 @@ def test_bad_launch_settings_are_one_line(env, kwargs, expected):
 
 
 def test_explicit_flags_win_and_must_come_together():
-  got = cluster.detect(SLURM, coordinator="10.0.0.1:1234", num_processes=2, process_id=1)
+  got = placement.detect(SLURM, coordinator="10.0.0.1:1234", num_processes=2, process_id=1)
   assert got == Cluster("10.0.0.1:1234", 2, 1, 0, "flags")
   with pytest.raises(UserError, match="--coordinator, --num-processes and --process-id go together"):
-    cluster.detect({}, coordinator="10.0.0.1:1234")
+    placement.detect({}, coordinator="10.0.0.1:1234")
   with pytest.raises(UserError, match="coordinator '10.0.0.1' is not HOST:PORT"):
-    cluster.detect({}, coordinator="10.0.0.1", num_processes=2, process_id=0)
+    placement.detect({}, coordinator="10.0.0.1", num_processes=2, process_id=0)
   with pytest.raises(UserError, match=r"MAXTEXT_MOE_\* variables: MAXTEXT_MOE_COORDINATOR is not set"):
-    cluster.detect({"MAXTEXT_MOE_PROCESS_ID": "1"})
+    placement.detect({"MAXTEXT_MOE_PROCESS_ID": "1"})
 
 
 def test_two_processes_on_one_gpu_are_refused():
-  assert cluster.duplicate_gpus([("a", 0), ("a", 1), ("b", 0)]) is None
-  assert cluster.duplicate_gpus([("a", 0), ("a", 1), ("a", 0)]) == (
+  assert placement.duplicate_gpus([("a", 0), ("a", 1), ("b", 0)]) is None
+  assert placement.duplicate_gpus([("a", 0), ("a", 1), ("a", 0)]) == (
     "processes 0 and 2 both drive GPU 0 on a: give each its own"
   )
 
@@ -110,7 +110,7 @@ def test_two_processes_on_one_gpu_are_refused():
 def test_an_unreachable_coordinator_is_one_line_not_a_hang():
   start = time.monotonic()
   with pytest.raises(UserError, match=r"process 1 could not reach the coordinator 127.0.0.1:9 within 1 s"):
-    cluster.wait_for_coordinator("127.0.0.1:9", timeout_s=1, process_id=1)
+    placement.wait_for_coordinator("127.0.0.1:9", timeout_s=1, process_id=1)
   assert time.monotonic() - start < 10
 
 

@@ -1,12 +1,17 @@
-"""How the package reads (STYLE.md): small modules and functions, and imports that only run downward."""
+"""How the package reads: small modules and functions, imports that only run downward and never in a circle,
+a short README, and nothing that points outside the repository."""
 
 import ast
+import re
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "maxtext_moe"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "maxtext_moe"
+README_MAX_LINES = 150
 # Lowest first. A module may import its own package and any lower one, never a higher one or a sibling of
 # the same rank; `moe` and `config` therefore import nothing of ours above them.
 LAYERS = {
@@ -19,10 +24,14 @@ LAYERS = {
   "upstream": 3,
   "checkpoint": 4,
   "planner": 4,
-  "launch": 5,
-  "bench": 6,
-  "cli": 7,
-  "__main__": 8,
+  "sft": 4,
+  "runlog": 4,
+  "cluster": 5,
+  "launch": 6,
+  "tools": 7,
+  "bench": 8,
+  "cli": 9,
+  "__main__": 10,
   # The Transformer Engine seam imports nothing of ours (tests/test_te_contract.py), so the MoE math may
   # call it: a leaf, not the rest of `upstream`.
   "upstream.te": 0,
@@ -92,3 +101,76 @@ def test_functions_are_short():
 def test_every_part_has_a_layer():
   parts = {_part(p) for p in _modules()} - {"__init__"}
   assert parts <= set(LAYERS), parts - set(LAYERS)
+
+
+def _module_name(path: Path) -> str:
+  rel = path.relative_to(PACKAGE.parent).with_suffix("")
+  return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def _module_imports(path: Path, known: set[str]) -> set[str]:
+  """The modules of ours that `path` imports (`from a.b import c` counts a.b.c where c is a module)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name in known}
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module.startswith("maxtext_moe"):
+      subs = {f"{node.module}.{a.name}" for a in node.names} & known
+      found |= subs or ({node.module} & known)
+  return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+  """One import circle of `graph` (module -> modules it imports), or []."""
+  state: dict[str, int] = {}
+  stack: list[str] = []
+
+  def visit(node: str) -> list[str]:
+    state[node] = 1
+    stack.append(node)
+    for nxt in sorted(graph[node]):
+      if state.get(nxt) == 1:
+        return [*stack[stack.index(nxt) :], nxt]
+      if nxt not in state and (found := visit(nxt)):
+        return found
+    stack.pop()
+    state[node] = 2
+    return []
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return []
+
+
+def test_no_import_circles():
+  """Between our modules, at any depth (a module-level or a function-level import alike)."""
+  paths = {_module_name(p): p for p in _modules()}
+  graph = {name: _module_imports(path, set(paths)) - {name} for name, path in paths.items()}
+  assert _cycle(graph) == []
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"], "the check must find a circle"
+
+
+_OUTSIDE = re.compile("|".join([re.escape("../" + "shared"), re.escape("DESIGN" + ".md"), re.escape("/wo" + "rk/")]))
+
+
+def test_no_file_refers_to_anything_outside_the_repository():
+  """Docs, code, configs and scripts name only what a clone has (and public URLs): no notes kept beside
+  the repository, no paths of the machine it was written on."""
+  tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+  binary = (".parquet", ".safetensors", ".png", ".npz", ".model")
+  hits = []
+  for name in (f for f in tracked if not f.endswith(binary)):
+    try:
+      text = (REPO / name).read_text(encoding="utf-8")
+    except (UnicodeDecodeError, IsADirectoryError, FileNotFoundError):
+      continue
+    hits += [f"{name}:{i + 1}" for i, line in enumerate(text.splitlines()) if _OUTSIDE.search(line)]
+  assert hits == []
+
+
+def test_readme_is_short_and_points_into_docs():
+  lines = (REPO / "README.md").read_text().splitlines()
+  assert len(lines) <= README_MAX_LINES
+  linked = set(re.findall(r"\(docs/([\w-]+\.md)\)", "\n".join(lines)))
+  assert linked == {p.name for p in (REPO / "docs").glob("*.md")}, "README's map of docs/ names every page"

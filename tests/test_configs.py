@@ -108,7 +108,7 @@ def test_overrides_win_over_the_recipe(upstream_config):
 
 
 def test_config_command_reports_changes_vs_maxtext():
-  from maxtext_moe.launch.show import show_config
+  from maxtext_moe.tools.show import show_config
 
   text = show_config("cpu/deepseek3-tiny", [])
   parsed = yaml.safe_load(text)

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from conftest import REPO, run_cli
+from maxtext_moe.cluster import k8s
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch import k8s
 
 K8S_VERSION = "1.33.0"
 ENV = {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true", "NCCL_NVLS_ENABLE": "1"}

@@ -7,7 +7,10 @@ import stat
 
 import pytest
 
-from maxtext_moe.launch.recorder import NonFiniteLoss, RunRecorder, read_jsonl, step_row, summarize
+from maxtext_moe.runlog.files import read_jsonl, step_row
+from maxtext_moe.runlog.recorder import RunRecorder
+from maxtext_moe.runlog.summary import summarize
+from maxtext_moe.upstream.recovery import NonFiniteGuard, NonFiniteLoss
 
 
 def _scalars(loss, tokens=100.0):
@@ -60,7 +63,7 @@ def test_finish_writes_plot_and_summary(tmp_path):
 
 
 def test_summarize_empty_run():
-  assert summarize([], []) == {"steps_this_run": 0}
+  assert summarize([]) == {"steps": 0, "steps_this_run": 0, "tokens_dropped": 0, "nonfinite_steps": 0}
 
 
 def _recorder(tmp_path, **kw):
@@ -78,14 +81,23 @@ def test_metrics_file_follows_the_umask_like_the_other_run_files(tmp_path):
   assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o666 & ~umask
 
 
+def _observe(guard, rec, step, loss):
+  """What the trainer hook does with a step: the policy's notes into the row, then its stop, if any."""
+  notes, stop = guard.observe(step, loss)
+  rec.step(step, _scalars(loss), notes)
+  if stop is not None:
+    raise stop
+
+
 def test_a_nonfinite_loss_is_recorded_then_stops_or_is_skipped_until_the_limit(tmp_path):
   rec = _recorder(tmp_path)
   rec.start(None, start_step=0)
-  rec.step(0, _scalars(2.0))
+  guard = NonFiniteGuard()
+  _observe(guard, rec, 0, 2.0)
   with pytest.raises(NonFiniteLoss) as e:
-    rec.step(1, _scalars(float("nan")))
+    _observe(guard, rec, 1, float("nan"))
   assert (e.value.step, e.value.kind, e.value.skipped) == (1, "nan", 0)
-  rows = read_jsonl(tmp_path / "metrics.jsonl")  # valid JSON: no NaN token
+  rows = read_jsonl(tmp_path / "metrics.jsonl")  # valid JSON: no NaN token, and the row is written first
   assert rows[1] == {
     "step": 1,
     "loss": None,
@@ -96,14 +108,15 @@ def test_a_nonfinite_loss_is_recorded_then_stops_or_is_skipped_until_the_limit(t
   }
   assert rec.finish()["nonfinite_steps"] == 1
 
-  skip = _recorder(tmp_path / "skip", skip_nonfinite=True, max_nonfinite_skips=2)
+  skip = _recorder(tmp_path / "skip")
   (tmp_path / "skip").mkdir()
   skip.start(None, start_step=0)
-  skip.step(0, _scalars(float("inf")))
-  skip.step(1, _scalars(3.0))  # a finite step resets the count
-  skip.step(2, _scalars(float("nan")))
+  guard = NonFiniteGuard(skip=True, max_skips=2)
+  _observe(guard, skip, 0, float("inf"))
+  _observe(guard, skip, 1, 3.0)  # a finite step resets the count
+  _observe(guard, skip, 2, float("nan"))
   with pytest.raises(NonFiniteLoss) as e:
-    skip.step(3, _scalars(float("nan")))
-  assert (e.value.step, e.value.skipped) == (3, 3)
+    _observe(guard, skip, 3, float("nan"))
+  assert (e.value.step, e.value.kind, e.value.skipped) == (3, "nan", 3)
   assert [r.get("nonfinite_skipped", False) for r in skip.rows] == [True, False, True, True]
-  assert summarize(skip.rows, skip.rows)["final_loss"] == 3.0
+  assert summarize(skip.rows)["final_loss"] == 3.0

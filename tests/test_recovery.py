@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from maxtext_moe.launch.recorder import read_jsonl
+from maxtext_moe.runlog.files import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ def test_masking_worked_example(upstream_config):
   completion-only masking, packing, shift): the tokens that carry loss are exactly each assistant turn's
   content and its <|end|> (4 tokens: '4', <|end|>, '6', <|end|>); the system and user turns and the
   generation prompts <|assistant|> are context only."""
-  from maxtext_moe.launch import sft_data
+  from maxtext_moe.sft import prepare as sft_data
   from maxtext_moe.upstream import sft
   from maxtext_moe.upstream.config import hyperparameters
 
@@ -89,7 +89,7 @@ def test_jsonl_is_checked_and_staged_as_parquet(tmp_path, monkeypatch):
 
 
 def test_overlength_is_counted_truncated_or_refused(upstream_config, tmp_path, monkeypatch, capsys):
-  from maxtext_moe.launch import sft_data
+  from maxtext_moe.sft import prepare as sft_data
 
   monkeypatch.setenv("MAXTEXT_MOE_CACHE", str(tmp_path / "cache"))
   data = tmp_path / "t.jsonl"

@@ -110,7 +110,7 @@ def test_moe_math_imports_and_runs_without_maxtext():
     "from maxtext_moe.moe.block import routed_experts\n"
     "from maxtext_moe.moe.settings import MoESettings\n"
     "from maxtext_moe.moe.dispatch import LocalDispatcher\n"
-    "import maxtext_moe.bench.moe_speed, maxtext_moe.bench.gpu_check, maxtext_moe.launch.doctor\n"
+    "import maxtext_moe.bench.moe_speed, maxtext_moe.bench.gpu_check, maxtext_moe.tools.doctor\n"
     "x = jnp.ones((4, 8)); w = jnp.ones((2, 8, 8)) / 8\n"
     "y, _ = routed_experts(x, jnp.array([[0], [1], [1], [0]]), jnp.ones((4, 1)), w, w, w,\n"
     "                      dispatcher=LocalDispatcher(2), settings=MoESettings())\n"

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext_moe.bench.moe_speed import gemm_efficiency, layer_times
-from maxtext_moe.launch import doctor
+from maxtext_moe.tools import doctor
 from maxtext_moe.upstream import te
 
 FULL = {"tokens": 4096, "top_k": 8, "dim": 7168, "hidden": 2048, "local_experts": (32, 8), "rounds": 3, "reps": 5}

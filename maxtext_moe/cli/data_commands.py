@@ -1,4 +1,4 @@
-"""The commands about data and results: data show, data example, eval, report."""
+"""The commands about data: data show, data example, eval."""
 
 import argparse
 import json
@@ -12,12 +12,12 @@ from maxtext_moe.errors import UserError
 
 def _resolved(args: list[str], command: str, *, weights: bool = True):
   from maxtext_moe.launch.preflight import check_inputs  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.launch.train import read_launch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
 
   recipe, overrides = _needs_recipe(args, command)
   if not weights:  # the data alone: a fine-tuning recipe need not name its checkpoint
     overrides = [*overrides, "finetune=false"]
-  cfg = read_launch(recipe, overrides).resolve()
+  cfg = recipes.read(recipe, overrides).resolve()
   check_inputs(cfg)
   return cfg
 
@@ -34,7 +34,7 @@ def _data(ns: argparse.Namespace, out: IO[str]) -> int:
     shutil.copytree(arithmetic.example_dir(), dest)
     print(f"{dest}: train.jsonl, eval.jsonl, tokenizer/ (the cpu/deepseek3-tiny-sft example)", file=out)
     return 0
-  from maxtext_moe.launch import sft_data  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.sft import prepare as sft_data  # pylint: disable=import-outside-toplevel
 
   if ns.rows < 1:
     raise UserError(f"--rows must be at least 1, got {ns.rows}")
@@ -43,7 +43,7 @@ def _data(ns: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _eval(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.launch import evaluate  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.tools import evaluate  # pylint: disable=import-outside-toplevel
 
   if ns.limit is not None and ns.limit < 1:
     raise UserError(f"--limit must be at least 1, got {ns.limit}")
@@ -52,18 +52,6 @@ def _eval(ns: argparse.Namespace, out: IO[str]) -> int:
     print(json.dumps(report), file=out)
   else:
     evaluate.format_report(report, out)
-  return 0
-
-
-def _report(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.launch import report  # pylint: disable=import-outside-toplevel
-
-  summary, written = report.report(Path(ns.run_dir))
-  if ns.json:
-    print(json.dumps(summary | {"files": [str(p) for p in written]}), file=out)
-  else:
-    print(report.format_summary(summary), file=out)
-    print(f"  pictures      {', '.join(str(p) for p in written)}", file=out)
   return 0
 
 
@@ -100,17 +88,3 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p.add_argument("--limit", type=int, help="score only the first N conversations")
   p.add_argument("--json", action="store_true", help="print the report as one JSON object")
   p.set_defaults(func=_eval)
-
-  p = sub.add_parser(
-    "report",
-    parents=[common],
-    help="a run directory's pictures and summary, rebuilt from its files",
-    epilog="Example: maxtext-moe report runs/deepseek3-tiny-cpu-20261130-120000 --json",
-    description="Read RUN_DIR's metrics.jsonl and moe_load.jsonl (nothing else: a run copied off a cluster "
-    "works), rewrite loss.png, moe_load.png (experts x steps load per MoE layer) and moe_balance.png (max/mean "
-    "load and routing-bias magnitude over steps), and print the loss, eval loss, median throughput, dropped "
-    "tokens and the worst-balanced layer and step.",
-  )
-  p.add_argument("run_dir", metavar="RUN_DIR")
-  p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-  p.set_defaults(func=_report)

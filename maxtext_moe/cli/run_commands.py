@@ -1,6 +1,8 @@
-"""The commands that run or describe a training job: train, config, recipes, flags."""
+"""The commands that run or describe a training job: train, launch, config, recipes, flags, report."""
 
 import argparse
+import json
+from pathlib import Path
 from typing import IO
 
 from maxtext_moe.errors import UserError
@@ -37,7 +39,7 @@ def _train(ns: argparse.Namespace, out: IO[str]) -> int:
 def _launch(ns: argparse.Namespace, out: IO[str]) -> int:
   import os
 
-  from maxtext_moe.launch import supervisor
+  from maxtext_moe.cluster import supervisor
 
   command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
   job = supervisor.plan(
@@ -51,7 +53,7 @@ def _launch(ns: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _config(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.launch.show import show_config, show_keys
+  from maxtext_moe.tools.show import show_config, show_keys
 
   if ns.keys:
     print(show_keys(), file=out)
@@ -73,15 +75,28 @@ def _recipes(ns: argparse.Namespace, out: IO[str]) -> int:
 
 def _flags(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.config import flags
-  from maxtext_moe.launch.train import read_launch
+  from maxtext_moe.upstream import recipe as recipes
 
-  recipe, overrides = _needs_recipe(ns.args, "flags")
-  launch = read_launch(recipe, overrides)
-  launch.resolve()  # the whole config must be valid, not only its flag keys
-  run_flags = flags.for_config(launch.keys.plugin)
+  name, overrides = _needs_recipe(ns.args, "flags")
+  recipe = recipes.read(name, overrides)
+  recipe.resolve()  # the whole config must be valid, not only its flag keys
+  run_flags = recipe.flags
   if not ns.no_check:
     flags.probe(run_flags.xla_flags)
   print(run_flags.export_lines(), file=out)
+  return 0
+
+
+def _report(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.runlog import report  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.runlog.summary import format_summary  # pylint: disable=import-outside-toplevel
+
+  summary, written = report.report(Path(ns.run_dir))
+  if ns.json:
+    print(json.dumps(summary | {"files": [str(p) for p in written]}), file=out)
+  else:
+    print(format_summary(summary), file=out)
+    print(f"  pictures    {', '.join(str(p) for p in written)}", file=out)
   return 0
 
 
@@ -167,6 +182,20 @@ def _register_inspection(sub: argparse._SubParsersAction, common: argparse.Argum
     description="List configs/recipes/<hw>/<model>, one per line (on a terminal the default is marked).",
   )
   p.set_defaults(func=_recipes)
+
+  p = sub.add_parser(
+    "report",
+    parents=[common],
+    help="a run directory's pictures and summary, rebuilt from its files",
+    epilog="Example: maxtext-moe report runs/deepseek3-tiny-cpu-20261130-120000 --json",
+    description="Read RUN_DIR's metrics.jsonl and moe_load.jsonl (nothing else: a run copied off a cluster "
+    "works), rewrite loss.png, moe_load.png (experts x steps load per MoE layer) and moe_balance.png (max/mean "
+    "load and routing-bias magnitude over steps), and print the loss, eval loss, median throughput, dropped "
+    "tokens and the worst-balanced layer and step.",
+  )
+  p.add_argument("run_dir", metavar="RUN_DIR")
+  p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+  p.set_defaults(func=_report)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -98,7 +98,7 @@ def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
 
   import yaml
 
-  from maxtext_moe.launch import k8s
+  from maxtext_moe.cluster import k8s
 
   recipe, overrides = split_recipe(ns.args)
   if recipe is None:
@@ -152,7 +152,7 @@ def _register_k8s(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
 
 
 def _doctor(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.launch import doctor
+  from maxtext_moe.tools import doctor
 
   report = doctor.probe()
   print(json.dumps(report) if ns.json else doctor.table(report), file=out)

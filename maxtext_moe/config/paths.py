@@ -1,5 +1,7 @@
-"""Whether a directory can be created and written, asked before anything is written there."""
+"""Paths a run reads and writes, asked about before anything is written: can a directory be created and
+written, which files a data pattern names."""
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -24,3 +26,15 @@ def unwritable_reason(path: str | Path) -> str | None:
   except OSError as e:
     return f"{probe} is not writable ({e.strerror})" + ("" if probe == p else f", so {p} cannot be created")
   return None
+
+
+def data_files(pattern: str) -> list[str]:
+  """The files a grain_train_files value names: ';'-separated patterns, each maybe ',weight'."""
+  found = []
+  for part in str(pattern).split(";"):
+    path = part.split(",")[0].strip()
+    if path and "://" not in path:
+      found += glob.glob(path)
+    elif path:
+      found.append(path)  # remote: left to the reader
+  return found

@@ -18,9 +18,9 @@ from maxtext_moe.glibc import MALLOPT_PARAMS, mallopt
 
 def backend_started() -> bool:
   """Whether this process already started an XLA backend (after which XLA_FLAGS no longer matter)."""
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import jax_backend  # pylint: disable=import-outside-toplevel
 
-  return xla_bridge.backends_are_initialized()
+  return jax_backend.backends_are_initialized()
 
 
 def apply(flags: FlagSet) -> dict[str, str]:

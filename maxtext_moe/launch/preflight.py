@@ -90,24 +90,10 @@ def jax_platform() -> str:
   return jax.default_backend()
 
 
-def data_files(pattern: str) -> list[str]:
-  """The files a grain_train_files value names: ';'-separated patterns, each maybe ',weight'."""
-  import glob  # pylint: disable=import-outside-toplevel
-
-  found = []
-  for part in str(pattern).split(";"):
-    path = part.split(",")[0].strip()
-    if path and "://" not in path:
-      found += glob.glob(path)
-    elif path:
-      found.append(path)  # remote: left to the reader
-  return found
-
-
 def check_inputs(cfg: Any) -> None:
   """What the run reads and writes, before its directory is created: the output directory, the batch,
   the data files and the tokenizer."""
-  from maxtext_moe.config.paths import unwritable_reason  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.config.paths import data_files, unwritable_reason  # pylint: disable=import-outside-toplevel
 
   why = unwritable_reason(cfg.base_output_directory)
   if why:

@@ -4,12 +4,13 @@
 - `ragged_offsets`: where each rank's slices start and land, from the [P, P] matrix of row counts.
 - `ragged_all_to_all_reference`: the semantics of `jax.lax.ragged_all_to_all`, built from `all_gather`.
 
-Why the reference is hand-written: XLA:CPU does not implement the ragged-all-to-all HLO (DESIGN.md; "UNIMPLEMENTED: HLO
-opcode `ragged-all-to-all` is not supported by XLA:CPU"), so the ragged dispatcher's offset math could
-not otherwise run on CPU fake devices. This stand-in follows the documented contract of the real op
-(same arguments, same result) and lets tests drive `RaggedAllToAllDispatcher` with real expert
-parallelism on CPU. It gathers every rank's whole operand, so it moves P times the data: a test and
-debugging aid, never the production path (the dispatcher defaults to `jax.lax.ragged_all_to_all`).
+Why the reference is hand-written: XLA:CPU does not implement the ragged-all-to-all HLO
+(docs/design-facts.md: "UNIMPLEMENTED: HLO opcode `ragged-all-to-all` is not supported by XLA:CPU"), so
+the ragged exchange's offset math could not otherwise run on CPU fake devices. This stand-in follows the
+documented contract of the real op (same arguments, same result) and lets tests drive the ragged
+dispatchers with real expert parallelism on CPU. It gathers every rank's whole operand, so it moves P
+times the data: a test and debugging aid, never the production path (the dispatchers default to
+`jax.lax.ragged_all_to_all`).
 
 Shape legend: N operand rows, M output rows, P ranks (the mapped axis), G = P * slices per rank.
 """

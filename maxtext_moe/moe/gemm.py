@@ -5,7 +5,7 @@ calls it and never a backend directly (torchtitan's "overridable seam").
 
 Backends:
 - `ragged_dot`: `jax.lax.ragged_dot`, the reference semantics. On XLA:CPU it runs at ~1.5% of a dense
-  matmul of equal FLOPs (DESIGN.md).
+  matmul of equal FLOPs (docs/design-facts.md).
 - `tiled`: hand-written, because no library offers a fast portable grouped GEMM. Each expert's rows are
   read through ONE window whose static size is the smallest on a ladder (`permute.window_sizes`: steps of
   16 rows, then of ~12.5%) that holds them, so each expert costs one dense matmul that wastes at most

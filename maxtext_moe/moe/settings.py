@@ -110,7 +110,7 @@ def resolve_dispatch(
   """Turns `auto` into a concrete dispatcher. Without EP: local. With EP on a GPU: te_ep where TE's NCCL
   EP can serve the job, else the portable all_to_all, never ragged_all_to_all (XLA:GPU runs it as NCCL
   send/recv: about 2% of NVLink on 8 B200s, its one-shot kernel handles at most 8 peers and crashed above
-  32 ranks; DESIGN.md). On a TPU ragged_all_to_all unless a capacity is set; on CPU all_to_all.
+  32 ranks; docs/design-facts.md). On a TPU ragged_all_to_all unless a capacity is set; on CPU all_to_all.
 
   Example: resolve_dispatch("auto", ep=8, platform=Platform("gpu", te_ep=True)) -> DispatchKind.TE_EP.
   """
@@ -128,7 +128,7 @@ def resolve_dispatch(
 
 def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> GemmBackend:
   """Turns `auto` into a concrete grouped GEMM. On a GPU: te where TE imports, else tiled, never
-  ragged_dot (XLA:GPU rewrites it to a dense dot by default: about 25 TFLOP/s on a B200, DESIGN.md).
+  ragged_dot (XLA:GPU rewrites it to a dense dot by default: about 25 TFLOP/s on a B200, docs/design-facts.md).
   On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled."""
   backend, platform = GemmBackend(backend), _platform(platform)
   if backend != GemmBackend.AUTO:

@@ -10,10 +10,9 @@ Two reads, in this order:
 The trainer is then handed the resolved object itself (`upstream.trainer`), so MaxText never parses again.
 """
 
-import contextlib
 import difflib
 import re
-from collections.abc import Iterator
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,12 +26,21 @@ from maxtext.utils import max_utils
 
 from maxtext_moe.config import checks, model_file, offload
 from maxtext_moe.config.keys import PluginKeys
+from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
+from maxtext_moe.upstream.patches import Patch, installed
 
-# Model names we add to MaxText's closed `model_name` Literal. They start with "deepseek3" because
-# MaxText keys DeepSeek-V3 routing (sigmoid + bias, group-limited top-k) on that prefix.
-PLUGIN_MODEL_NAMES = ("deepseek3-proxy-16b", "deepseek3-from-hf")
+
+def plugin_model_names() -> tuple[str, ...]:
+  """The model files in configs/models/ that MaxText's closed `model_name` Literal lacks (the rest shadow
+  MaxText's own files of the same name). A new model is its YAML file; its name should start with the
+  family MaxText keys behaviour on (e.g. "deepseek3": sigmoid + bias, group-limited top-k routing)."""
+  known = set(typing.get_args(types.ModelName))
+  return tuple(sorted(p.stem for p in (configs_dir() / "models").glob("*.yml") if p.stem not in known))
+
+
+PLUGIN_MODEL_NAMES = plugin_model_names()
 # MaxText's derived keys that a user sets by mistake (MaxText overwrites them), with the key to set instead.
 _BASE_OF = {k: f"base_{k}" for k in ("emb_dim", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "num_query_heads")}
 _BASE_OF["num_kv_heads"] = "base_num_kv_heads"
@@ -206,23 +214,20 @@ def one_line(err: Exception) -> str:
   return text
 
 
-@contextlib.contextmanager
-def _no_distributed_init() -> Iterator[None]:
+def _no_distributed_init(raw_keys: Any) -> None:
   """Resolving a config must not try to join a cluster (MaxText does so inside config parsing): the
   launcher joins one itself, before resolving."""
-  saved = max_utils.maybe_initialize_jax_distributed_system
-  max_utils.maybe_initialize_jax_distributed_system = lambda raw_keys: None
-  try:
-    yield
-  finally:
-    max_utils.maybe_initialize_jax_distributed_system = saved
+  del raw_keys
+
+
+_RESOLVING = [Patch(max_utils, "maybe_initialize_jax_distributed_system", _no_distributed_init)]
 
 
 def _initialize(argv: list[str], config_class: type) -> Any:
   """MaxText's resolution without its exit-on-error wrapper; errors become one-line UserErrors."""
   install_resolvers()
   try:
-    with _no_distributed_init():
+    with installed(_RESOLVING):
       return pyconfig._initialize_pydantic(argv, config_class=config_class)  # pylint: disable=protected-access
   except UserError:
     raise

@@ -1,4 +1,4 @@
-"""The manifest: every upstream (MaxText, Orbax) symbol we use, pinned to its exact signature.
+"""The manifest: every upstream (MaxText, Orbax, jax's private modules) symbol we use, pinned to its exact signature.
 
 `manifest.json` maps "module:attribute.path" to a fingerprint: the symbol's `inspect.signature` as text
 for functions and methods, of `__init__` for classes; for pydantic models (MaxText's config class) a digest of their
@@ -22,7 +22,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-UPSTREAM_ROOTS = ("maxtext", "orbax")
+UPSTREAM_ROOTS = ("maxtext", "orbax", "jax._src")  # jax's public API is not a seam; its private modules are
+
+
+def _is_upstream(name: str) -> bool:
+  return any(name == root or name.startswith(f"{root}.") for root in UPSTREAM_ROOTS)
+
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MANIFEST = Path(__file__).with_name("manifest.json")
 
@@ -95,9 +101,9 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       for a in node.names:
-        if a.name.split(".")[0] in UPSTREAM_ROOTS:
+        if _is_upstream(a.name):
           out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-    elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in UPSTREAM_ROOTS:
+    elif isinstance(node, ast.ImportFrom) and node.module and _is_upstream(node.module):
       for a in node.names:
         full = f"{node.module}.{a.name}"
         out[a.asname or a.name] = full if _is_module(full) else f"{node.module}:{a.name}"
@@ -131,7 +137,20 @@ def references(path: Path) -> set[str]:
   for node in ast.walk(tree):  # a.b.c records a.b too: the manifest lists every prefix that is a symbol
     if isinstance(node, ast.Attribute) and (chain := _chain(node)) and chain[0] in aliases:
       refs.add(_reference(aliases[chain[0]], chain[1:]))
+    if (named := _patched(node)) and (chain := _chain(named[0])) and chain[0] in aliases:
+      refs.add(_reference(aliases[chain[0]], [*chain[1:], named[1]]))
   return {r for r in refs if ":" in r}
+
+
+def _patched(node: ast.AST) -> tuple[ast.AST, str] | None:
+  """(owner, name) of `Patch(owner, "name", ...)` and `original(owner, "name")`: what we replace or call."""
+  if not isinstance(node, ast.Call) or len(node.args) < 2 or not isinstance(node.func, ast.Name | ast.Attribute):
+    return None
+  func = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+  name = node.args[1]
+  if func in ("Patch", "original") and isinstance(name, ast.Constant) and isinstance(name.value, str):
+    return node.args[0], name.value
+  return None
 
 
 def all_references() -> set[str]:
@@ -144,7 +163,7 @@ def _imports_upstream(path: Path) -> bool:
   for node in ast.walk(ast.parse(path.read_text())):
     names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
     names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-    if any(n.split(".")[0] in UPSTREAM_ROOTS for n in names):
+    if any(_is_upstream(n) for n in names):
       return True
   return False
 

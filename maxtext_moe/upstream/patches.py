@@ -7,6 +7,7 @@ Installing twice replaces the replacement; the kept original stays the upstream 
 """
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,19 @@ class Patch:
 
 
 _ORIGINALS: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(owner), name) -> (owner, original)
+
+
+class Method:
+  """A bound method of ours as a method of an upstream class: `Patch(Cls, "name", Method(hooks.name))`
+  calls `hooks.name(instance, *args)` when upstream calls `instance.name(*args)`. (A bound method set on a
+  class would not receive the instance.)"""
+
+  def __init__(self, bound: Any):
+    self.bound = bound
+    self.__doc__ = getattr(bound, "__doc__", None)
+
+  def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    return self if instance is None else functools.partial(self.bound, instance)
 
 
 def original(owner: Any, name: str) -> Any:

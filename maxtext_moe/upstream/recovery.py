@@ -13,6 +13,7 @@
 """
 
 import datetime
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,12 +34,45 @@ UNREADABLE = "unreadable_checkpoints"
 RESTORE_LOG = "checkpoint_restore.log"  # what a failed restore printed, in the run directory
 
 
+class NonFiniteLoss(Exception):
+  """A training step's loss was NaN or Inf and the run must stop (on_nonfinite_loss)."""
+
+  def __init__(self, step: int, kind: str, skipped: int):
+    super().__init__(f"loss {kind} at step {step + 1}")
+    self.step, self.kind, self.skipped = step, kind, skipped
+
+
+@dataclass
+class NonFiniteGuard:
+  """The on_nonfinite_loss policy, step by step: stop at the first NaN/Inf loss, or (skip) let the
+  optimizer skip such steps' updates (`optax.apply_if_finite`) until `max_skips` come in a row."""
+
+  skip: bool = False
+  max_skips: int = 3
+  in_a_row: int = 0
+  skipped: int = 0
+
+  def observe(self, step: int, loss: float | None) -> tuple[dict[str, Any], NonFiniteLoss | None]:
+    """(notes for the step's metrics row, the stop to raise once the row is written, or None)."""
+    bad = loss is not None and not math.isfinite(loss)
+    self.in_a_row = self.in_a_row + 1 if bad else 0
+    if not bad:
+      return {}, None
+    notes = {}
+    if self.skip:
+      notes["nonfinite_skipped"] = True
+      self.skipped += 1
+    if not self.skip or self.in_a_row >= self.max_skips:
+      return notes, NonFiniteLoss(step, "nan" if math.isnan(loss) else "inf", self.skipped)
+    return notes, None
+
+
 @dataclass
 class Recovery:
   """One run's recovery state, shared by the launcher and the patches."""
 
   fallback: bool = True
-  skip_nonfinite: bool = False
+  nonfinite: NonFiniteGuard = field(default_factory=NonFiniteGuard)
   announce: Callable[[str], None] = print  # one line to the user (process 0 only)
   stop_requested: bool = False
   stopped_at: int | None = None
@@ -82,48 +116,6 @@ def _move_aside(directory: Path, steps: list[int]) -> list[str]:
   return moved
 
 
-def _load_with_fallback(rec: Recovery) -> Callable:
-  load = original(checkpointing, "load_state_if_possible")
-
-  def load_state_if_possible(checkpoint_manager, *args, step=-1, **kwargs):
-    if checkpoint_manager is None or step >= 0 or not hasattr(checkpoint_manager, "reload"):
-      return load(checkpoint_manager, *args, step=step, **kwargs)
-    steps = sorted(checkpointing.all_steps(checkpoint_manager), reverse=True)
-    failures: list[tuple[int, str]] = []
-    for candidate in steps:
-      log = Path(checkpoint_manager.directory).parent / RESTORE_LOG
-      try:
-        with stderr.diverted(log):
-          restored, error = load(checkpoint_manager, *args, step=candidate, **kwargs), None
-      except Exception as e:  # pylint: disable=broad-except  # any failure to read this checkpoint
-        restored, error = None, e
-      if _agree(error is None):
-        if failures:
-          _report(rec, checkpoint_manager, candidate, failures)
-        rec.resumed_from = candidate
-        rec.announce(f"maxtext-moe: resuming from checkpoint {candidate} ({checkpoint_manager.directory}/{candidate})")
-        return restored
-      failures.append((candidate, _first_line(error) if error else "unreadable on another process"))
-      if not rec.fallback:
-        break
-    if failures:
-      newest, why = failures[0]
-      where = Path(checkpoint_manager.directory)
-      stderr.divert_rest(where.parent / RESTORE_LOG)  # the failed reads' threads still print
-      if not rec.fallback:
-        raise UserError(
-          f"checkpoint {newest} in {where} cannot be read ({why}; details in {where.parent / RESTORE_LOG}); "
-          "set checkpoint_fallback=true to resume from the newest readable one"
-        )
-      raise UserError(
-        f"none of the {len(steps)} checkpoints in {where} can be read with this config (checkpoint {newest}: "
-        f"{why}); nothing was moved: check the config against the run's, or use a new run_name"
-      )
-    return load(checkpoint_manager, *args, step=step, **kwargs)
-
-  return load_state_if_possible
-
-
 def _report(rec: Recovery, checkpoint_manager: Any, good: int, failures: list[tuple[int, str]]) -> None:
   moved = _move_aside(Path(checkpoint_manager.directory), [s for s, _ in failures])
   checkpoint_manager.reload()
@@ -135,71 +127,106 @@ def _report(rec: Recovery, checkpoint_manager: Any, good: int, failures: list[tu
     )
 
 
-def _preemption(rec: Recovery) -> Callable:
-  reached = original(checkpointing, "reached_preemption")
+class RecoveryPatches:
+  """MaxText's checkpoint, preemption and optimizer seams, as bound methods over one run's `Recovery`."""
 
-  def reached_preemption(checkpoint_manager, step: int) -> bool:
-    hit = reached(checkpoint_manager, step) or (rec.stop_requested and jax.process_count() == 1)
+  def __init__(self, rec: Recovery):
+    self.rec = rec
+
+  def patches(self) -> list[Patch]:
+    return [
+      Patch(checkpointing, "load_state_if_possible", self.load_state_if_possible),
+      Patch(checkpointing, "reached_preemption", self.reached_preemption),
+      Patch(checkpointing, "save_checkpoint", self.save_checkpoint),
+      Patch(checkpointing, "_handle_post_checkpoint_preemption", self.handle_post_checkpoint_preemption),
+      Patch(optimizers, "get_optimizer", self.get_optimizer),
+    ]
+
+  def load_state_if_possible(self, checkpoint_manager, *args, step=-1, **kwargs):
+    """MaxText's restore, from the newest checkpoint that every process can read."""
+    load = original(checkpointing, "load_state_if_possible")
+    if checkpoint_manager is None or step >= 0 or not hasattr(checkpoint_manager, "reload"):
+      return load(checkpoint_manager, *args, step=step, **kwargs)
+    steps = sorted(checkpointing.all_steps(checkpoint_manager), reverse=True)
+    failures: list[tuple[int, str]] = []
+    log = Path(checkpoint_manager.directory).parent / RESTORE_LOG
+    for candidate in steps:
+      try:
+        with stderr.diverted(log):
+          restored, error = load(checkpoint_manager, *args, step=candidate, **kwargs), None
+      except Exception as e:  # pylint: disable=broad-except  # any failure to read this checkpoint
+        restored, error = None, e
+      if _agree(error is None):
+        self._resumed(checkpoint_manager, candidate, failures)
+        return restored
+      failures.append((candidate, _first_line(error) if error else "unreadable on another process"))
+      if not self.rec.fallback:
+        break
+    if failures:
+      raise self._unreadable(Path(checkpoint_manager.directory), len(steps), failures)
+    return load(checkpoint_manager, *args, step=step, **kwargs)
+
+  def _resumed(self, checkpoint_manager: Any, good: int, failures: list[tuple[int, str]]) -> None:
+    if failures:
+      _report(self.rec, checkpoint_manager, good, failures)
+    self.rec.resumed_from = good
+    self.rec.announce(f"maxtext-moe: resuming from checkpoint {good} ({checkpoint_manager.directory}/{good})")
+
+  def _unreadable(self, where: Path, count: int, failures: list[tuple[int, str]]) -> UserError:
+    newest, why = failures[0]
+    stderr.divert_rest(where.parent / RESTORE_LOG)  # the failed reads' threads still print
+    if not self.rec.fallback:
+      return UserError(
+        f"checkpoint {newest} in {where} cannot be read ({why}; details in {where.parent / RESTORE_LOG}); "
+        "set checkpoint_fallback=true to resume from the newest readable one"
+      )
+    return UserError(
+      f"none of the {count} checkpoints in {where} can be read with this config (checkpoint {newest}: "
+      f"{why}); nothing was moved: check the config against the run's, or use a new run_name"
+    )
+
+  def reached_preemption(self, checkpoint_manager, step: int) -> bool:
+    """MaxText's preemption test, also true at the next step once a signal asked this process to stop."""
+    rec = self.rec
+    hit = original(checkpointing, "reached_preemption")(checkpoint_manager, step)
+    hit = hit or (rec.stop_requested and jax.process_count() == 1)
     if hit and rec.stopped_at is None:
       rec.stopped_at = int(step)
     return hit
 
-  return reached_preemption
-
-
-def _stop_one_step_later(rec: Recovery) -> Callable:
-  after_save = original(checkpointing, "_handle_post_checkpoint_preemption")
-
-  def handle_post_checkpoint_preemption(checkpoint_manager, step, force_ckpt_save):
-    # MaxText would stop right after saving step k, before it hands step k's metrics to its logger, so
-    # that row would be missing from metrics.jsonl. So: save k, let the logger take k's row, and stop at
-    # k + 1 before anything of it is saved or logged (a resume replays k + 1 exactly).
+  def handle_post_checkpoint_preemption(self, checkpoint_manager, step, force_ckpt_save):
+    """MaxText would stop right after saving step k, before it hands step k's metrics to its logger, so
+    that row would be missing from metrics.jsonl. So: save k, let the logger take k's row, and stop at
+    k + 1 before anything of it is saved or logged (a resume replays k + 1 exactly)."""
+    rec = self.rec
     if rec.stopped_at is None:
       if rec.stop_requested:  # the signal came after this step's save decision: the next step saves
         return None
-      return after_save(checkpoint_manager, step, force_ckpt_save)
+      return original(checkpointing, "_handle_post_checkpoint_preemption")(checkpoint_manager, step, force_ckpt_save)
     checkpointing.wait_until_finished(checkpoint_manager)
     if int(step) > rec.stopped_at:
       raise exceptions.StopTraining(f"stop requested; checkpoint {rec.stopped_at} saved")
     return None
 
-  return handle_post_checkpoint_preemption
-
-
-def _forced_save(rec: Recovery) -> Callable:
-  save = original(checkpointing, "save_checkpoint")
-
-  def save_checkpoint(checkpoint_manager, step, state, config=None, data_iterator=None, force=False):
-    # Orbax's save policy declines a step off the checkpoint period unless its own preemption check (JAX's
-    # service, multi-process only) agrees, and MaxText passes force=False there: force the stop's save.
-    if rec.stopped_at is not None and int(step) > rec.stopped_at:
+  def save_checkpoint(self, checkpoint_manager, step, state, config=None, data_iterator=None, force=False):
+    """Orbax's save policy declines a step off the checkpoint period unless its own preemption check (JAX's
+    service, multi-process only) agrees, and MaxText passes force=False there: force the stop's save."""
+    stopped_at = self.rec.stopped_at
+    if stopped_at is not None and int(step) > stopped_at:
       return False  # the extra step after a stop request is never kept: a resume replays it
-    force = force or (rec.stopped_at is not None and int(step) == rec.stopped_at)
-    return save(checkpoint_manager, step, state, config, data_iterator, force)
+    force = force or (stopped_at is not None and int(step) == stopped_at)
+    return original(checkpointing, "save_checkpoint")(checkpoint_manager, step, state, config, data_iterator, force)
 
-  return save_checkpoint
-
-
-def _optimizer(rec: Recovery) -> Callable:
-  make = original(optimizers, "get_optimizer")
-
-  def get_optimizer(*args, **kwargs):
-    tx = make(*args, **kwargs)
-    # The launcher counts the skipped steps and gives up after max_nonfinite_skips in a row; optax's own
-    # limit (after which it applies the update anyway) must never be reached first.
-    return optax.apply_if_finite(tx, max_consecutive_errors=2**30) if rec.skip_nonfinite else tx
-
-  return get_optimizer
+  def get_optimizer(self, *args, **kwargs):
+    """MaxText's optimizer, wrapped in `optax.apply_if_finite` under on_nonfinite_loss=skip. The launcher
+    counts the skipped steps and gives up after max_nonfinite_skips in a row; optax's own limit (after
+    which it applies the update anyway) must never be reached first."""
+    tx = original(optimizers, "get_optimizer")(*args, **kwargs)
+    return optax.apply_if_finite(tx, max_consecutive_errors=2**30) if self.rec.nonfinite.skip else tx
 
 
 def patches(rec: Recovery) -> list[Patch]:
-  return [
-    Patch(checkpointing, "load_state_if_possible", _load_with_fallback(rec)),
-    Patch(checkpointing, "reached_preemption", _preemption(rec)),
-    Patch(checkpointing, "save_checkpoint", _forced_save(rec)),
-    Patch(checkpointing, "_handle_post_checkpoint_preemption", _stop_one_step_later(rec)),
-    Patch(optimizers, "get_optimizer", _optimizer(rec)),
-  ]
+  return RecoveryPatches(rec).patches()
 
 
 def remove_incomplete_saves(checkpoint_dir: Path) -> list[str]:

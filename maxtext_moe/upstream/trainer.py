@@ -35,7 +35,7 @@ from maxtext_moe.moe import stats as moe_stats
 from maxtext_moe.upstream import moe_layer, recovery
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.model import model_patches
-from maxtext_moe.upstream.patches import Patch, installed, original
+from maxtext_moe.upstream.patches import Method, Patch, installed, original
 
 
 class RunHooks(Protocol):
@@ -43,41 +43,11 @@ class RunHooks(Protocol):
 
   def start(self, config: Any, start_step: int) -> None: ...
 
-  def step(self, step: int, scalars: dict[str, float]) -> None: ...
+  def step(self, step: int, scalars: dict[str, float], notes: dict[str, Any] | None = None) -> Any: ...
 
   def eval(self, step: int, scalars: dict[str, float]) -> None: ...
 
   def layers(self, step: int, load_LE: np.ndarray, bias_L: np.ndarray) -> None: ...
-
-
-@dataclass
-class _Run:
-  """One run's state, owned by `run_trainer` and reached by its patches."""
-
-  config: Any  # MaxText's HyperParameters of the resolved config
-  hooks: RunHooks
-  channel: moe_stats.StatsChannel = field(default_factory=moe_stats.StatsChannel)
-  start_step: int = 0
-  train_calls: int = 0  # host-side count of train-step loss evaluations (fault_nan_loss_steps)
-
-  def poison(self) -> np.float32:
-    """NaN for the steps fault_nan_loss_steps names, else 0 (added to the loss)."""
-    step = self.start_step + self.train_calls
-    self.train_calls += 1
-    return np.float32(np.nan if step in self.config.fault_nan_loss_steps else 0.0)
-
-  def moe_step(self) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray] | None]:
-    """The oldest logged step's moe/* scalars and its per-layer picture (`moe_stats.step_layers`)."""
-    cfg = self.config
-    entries = self.channel.pop_step(max(int(cfg.gradient_accumulation_steps), 1))
-    row_bytes = int(cfg.emb_dim) * cfg.dtype.itemsize
-    scalars = moe_stats.step_metrics(
-      entries,
-      row_bytes=row_bytes,
-      capacity_factor=float(cfg.moe_capacity_factor),
-      allow_drops=bool(cfg.moe_allow_drops),
-    )
-    return scalars, moe_stats.step_layers(entries)
 
 
 def _collect_stats(aux: dict) -> dict[str, jax.Array] | None:
@@ -91,101 +61,129 @@ def _collect_stats(aux: dict) -> dict[str, jax.Array] | None:
   return moe_stats.reduce_layers(found) if all(found.values()) else None
 
 
-def _upstream_fixes() -> list[Patch]:
-  """Two maxtext 0.2.5 behaviours a run must not have."""
-  terminate = original(multihost_dataloading, "_terminate_iterator_workers")
-  summary_writer = original(max_utils, "initialize_summary_writer")
+@dataclass
+class TrainerPatches:
+  """One run's state and the MaxText attributes it replaces, as bound methods (`patches`)."""
 
-  def initialize_summary_writer(tensorboard_dir, run_name, enable_tensorboard=True):
-    # In decoupled mode (no Google Cloud: ours) maxtext 0.2.5 writes TensorBoard events under its own
-    # package directory (site-packages/local_tensorboard); the run's tensorboard_dir is RUN/tensorboard.
-    if jax.process_index() != 0 or not enable_tensorboard:
-      return summary_writer(tensorboard_dir, run_name, enable_tensorboard)
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  config: Any  # MaxText's HyperParameters of the resolved config
+  hooks: RunHooks
+  rec: recovery.Recovery = field(default_factory=recovery.Recovery)
+  channel: moe_stats.StatsChannel = field(default_factory=moe_stats.StatsChannel)
+  start_step: int = 0
+  train_calls: int = 0  # host-side count of train-step loss evaluations (fault_nan_loss_steps)
 
-    return SummaryWriter(tensorboard_dir)
+  def patches(self) -> list[Patch]:
+    return [
+      Patch(pyconfig, "initialize", self.initialize),
+      Patch(train, "loss_fn", self.loss_fn),
+      Patch(train, "warmup_programs", self.warmup_programs),
+      Patch(metric_logger.MetricLogger, "__init__", Method(self.logger_init)),
+      Patch(metric_logger.MetricLogger, "write_metrics", Method(self.write_metrics)),
+      Patch(multihost_dataloading, "_terminate_iterator_workers", terminate_iterator_workers),
+      Patch(max_utils, "initialize_summary_writer", initialize_summary_writer),
+    ]
 
-  def terminate_iterator_workers(obj):
-    # maxtext 0.2.5 probes `hasattr(it, "_parent")`, and grain's DatasetIterator._parent asserts (not
-    # AttributeError) on an iterator with no parent: every SFT run printed an ignored AssertionError
-    # traceback when its iterators were collected. Such an iterator has no workers to terminate.
-    try:
-      terminate(obj)
-    except AssertionError:
-      pass
+  def poison(self) -> np.float32:
+    """NaN for the steps fault_nan_loss_steps names, else 0 (added to the loss)."""
+    step = self.start_step + self.train_calls
+    self.train_calls += 1
+    return np.float32(np.nan if step in self.config.fault_nan_loss_steps else 0.0)
 
-  return [
-    Patch(multihost_dataloading, "_terminate_iterator_workers", terminate_iterator_workers),
-    Patch(max_utils, "initialize_summary_writer", initialize_summary_writer),
-  ]
+  def moe_step(self) -> tuple[dict[str, float], tuple[np.ndarray, np.ndarray] | None]:
+    """The oldest logged step's moe/* scalars and its per-layer picture (`moe_stats.step_layers`)."""
+    cfg = self.config
+    entries = self.channel.pop_step(max(int(cfg.gradient_accumulation_steps), 1))
+    scalars = moe_stats.step_metrics(
+      entries,
+      row_bytes=int(cfg.emb_dim) * cfg.dtype.itemsize,
+      capacity_factor=float(cfg.moe_capacity_factor),
+      allow_drops=bool(cfg.moe_allow_drops),
+    )
+    return scalars, moe_stats.step_layers(entries)
 
+  def initialize(self, argv=None, config_class=None, **kwargs):
+    """`pyconfig.initialize`: the config resolved once, by the launcher."""
+    del argv, config_class, kwargs
+    return self.config
 
-def _patches(run: _Run) -> list[Patch]:
-  loss_fn = original(train, "loss_fn")
-  warmup = original(train, "warmup_programs")
-  logger_init = original(metric_logger.MetricLogger, "__init__")
-  write = original(metric_logger.MetricLogger, "write_metrics")
-
-  def initialize(argv=None, config_class=None, **kwargs):
-    del argv, config_class, kwargs  # resolved once, by the launcher
-    return run.config
-
-  def wrapped_loss_fn(model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
-    loss, aux = loss_fn(model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train)
-    if is_train and run.config.fault_nan_loss_steps:
-      poison = io_callback(run.poison, jax.ShapeDtypeStruct((), jnp.float32), ordered=False)
+  def loss_fn(self, model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
+    """MaxText's loss, which also sends the block's per-step stats to the run's channel."""
+    loss, aux = original(train, "loss_fn")(
+      model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train
+    )
+    if is_train and self.config.fault_nan_loss_steps:
+      poison = io_callback(self.poison, jax.ShapeDtypeStruct((), jnp.float32), ordered=False)
       loss = loss * (1 + poison.astype(loss.dtype))  # NaN in the loss and, through it, in every gradient
     stats = _collect_stats(aux) if is_train else None
     if stats is not None:
-      jax.debug.callback(run.channel.push, stats)
+      jax.debug.callback(self.channel.push, stats)
     return loss, aux
 
-  def wrapped_warmup(*args, **kwargs):
-    out = warmup(*args, **kwargs)
-    run.channel.clear()
-    run.train_calls = 0  # warm-up steps are not training steps
+  def warmup_programs(self, *args, **kwargs):
+    """MaxText's warm-up, whose steps are not training steps: their stats are discarded."""
+    out = original(train, "warmup_programs")(*args, **kwargs)
+    self.channel.clear()
+    self.train_calls = 0
     return out
 
-  def logger_start(self, config, learning_rate_schedule, start_step=0):
-    logger_init(self, config, learning_rate_schedule, start_step)
-    run.start_step, run.train_calls = int(start_step), 0  # warm-up programs ran before: count from here
-    run.hooks.start(config, start_step)
+  def logger_init(self, logger, config, learning_rate_schedule, start_step=0):
+    """`MetricLogger.__init__`, then the recorder's start, once the checkpoint (if any) is restored."""
+    original(metric_logger.MetricLogger, "__init__")(logger, config, learning_rate_schedule, start_step)
+    self.start_step, self.train_calls = int(start_step), 0  # warm-up programs ran before: count from here
+    self.hooks.start(config, start_step)
 
-  def write_metrics(self, metrics, step, metric_type="train"):
+  def write_metrics(self, logger, metrics, step, metric_type="train"):
+    """`MetricLogger.write_metrics`, with the step's moe/* scalars added (so TensorBoard has them too),
+    the row handed to the recorder, and the non-finite policy applied once the row is written."""
+    write = original(metric_logger.MetricLogger, "write_metrics")
     if not metrics or metric_type != "train":
-      write(self, metrics, step, metric_type)
+      write(logger, metrics, step, metric_type)
       if metrics and metric_type == "eval":  # the whole held-out pass after train step `step`
-        run.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
+        self.hooks.eval(int(step), {k: float(v) for k, v in metrics["scalar"].items()})
       return
     # Materialize the step's own scalars first: once they are ready, the step ran, and so did its stats
     # callback (popping before could take a step whose callback has not run yet).
     scalars = {k: float(v) for k, v in metrics["scalar"].items()}
-    moe, layers = run.moe_step()
-    metrics["scalar"].update(moe)  # so MaxText's writers (TensorBoard) carry them too
-    write(self, metrics, step, metric_type)
-    run.hooks.step(int(step), scalars | moe)
+    moe, layers = self.moe_step()
+    metrics["scalar"].update(moe)
+    write(logger, metrics, step, metric_type)
+    notes, stop = self.rec.nonfinite.observe(int(step), scalars.get("learning/loss"))
+    self.hooks.step(int(step), scalars | moe, notes)
     if layers is not None:
-      run.hooks.layers(int(step), *layers)
+      self.hooks.layers(int(step), *layers)
+    if stop is not None:
+      raise stop
 
-  return [
-    *model_patches(),
-    Patch(pyconfig, "initialize", initialize),
-    Patch(train, "loss_fn", wrapped_loss_fn),
-    Patch(train, "warmup_programs", wrapped_warmup),
-    Patch(metric_logger.MetricLogger, "__init__", logger_start),
-    Patch(metric_logger.MetricLogger, "write_metrics", write_metrics),
-    *_upstream_fixes(),
-  ]
+
+def initialize_summary_writer(tensorboard_dir, run_name, enable_tensorboard=True):
+  """In decoupled mode (no Google Cloud: ours) maxtext 0.2.5 writes TensorBoard events under its own
+  package directory (site-packages/local_tensorboard); the run's tensorboard_dir is RUN/tensorboard."""
+  if jax.process_index() != 0 or not enable_tensorboard:
+    return original(max_utils, "initialize_summary_writer")(tensorboard_dir, run_name, enable_tensorboard)
+  from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
+  return SummaryWriter(tensorboard_dir)
+
+
+def terminate_iterator_workers(obj):
+  """maxtext 0.2.5 probes `hasattr(it, "_parent")`, and grain's DatasetIterator._parent asserts (not
+  AttributeError) on an iterator with no parent: every SFT run printed an ignored AssertionError
+  traceback when its iterators were collected. Such an iterator has no workers to terminate."""
+  try:
+    original(multihost_dataloading, "_terminate_iterator_workers")(obj)
+  except AssertionError:
+    pass
 
 
 def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None) -> None:
   """Runs MaxText's pre-training loop in this process on `cfg`, with our block, hooks and recovery
   (`upstream.recovery`) installed."""
-  run = _Run(hyperparameters(cfg), hooks)
+  rec = rec or recovery.Recovery()
+  run = TrainerPatches(hyperparameters(cfg), hooks, rec)
   moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed([*_patches(run), *recovery.patches(rec or recovery.Recovery())]), moe_layer.te_guard():
+  with installed([*model_patches(), *run.patches(), *recovery.patches(rec)]), moe_layer.te_guard():
     try:
       train.main(["", "<config resolved by maxtext-moe>"])
     finally:

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
+from maxtext_moe.cluster import placement
 from maxtext_moe.errors import EXIT_RESUMABLE, UserError
-from maxtext_moe.launch import cluster
 
-NNODES = f"{cluster.PREFIX}NNODES"
+NNODES = f"{placement.PREFIX}NNODES"
 GRACE_S = 120  # how long children get after a forwarded signal (a checkpoint may be in flight)
 
 
@@ -34,10 +34,10 @@ class Plan:
 
   def child_env(self, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     return base | {
-      cluster.COORDINATOR: self.coordinator,
-      cluster.NUM_PROCESSES: str(self.nnodes * self.nproc_per_node),
-      cluster.PROCESS_ID: str(self.node_rank * self.nproc_per_node + local_rank),
-      cluster.LOCAL_RANK: str(local_rank),
+      placement.COORDINATOR: self.coordinator,
+      placement.NUM_PROCESSES: str(self.nnodes * self.nproc_per_node),
+      placement.PROCESS_ID: str(self.node_rank * self.nproc_per_node + local_rank),
+      placement.LOCAL_RANK: str(local_rank),
     }
 
 
@@ -66,10 +66,10 @@ def plan(
     raise UserError(f"launch: {NNODES} and JOB_COMPLETION_INDEX must be integers ({e})") from None
   if nnodes < 1 or not 0 <= rank < nnodes:
     raise UserError(f"launch: node rank {rank} is not in 0..{nnodes - 1} ({nnodes} nodes)")
-  coordinator = coordinator or env.get(cluster.COORDINATOR)
+  coordinator = coordinator or env.get(placement.COORDINATOR)
   if coordinator is None:
     if nnodes > 1:
-      raise UserError(f"launch: {nnodes} nodes need --coordinator HOST:PORT (node 0's) or {cluster.COORDINATOR}")
+      raise UserError(f"launch: {nnodes} nodes need --coordinator HOST:PORT (node 0's) or {placement.COORDINATOR}")
     coordinator = f"127.0.0.1:{_free_port()}"
   return Plan(nproc_per_node, nnodes, rank, coordinator)
 

@@ -16,9 +16,9 @@ and XLA use shared memory between a node's processes).
 from dataclasses import dataclass
 from typing import Any
 
+from maxtext_moe.cluster import placement, supervisor
 from maxtext_moe.config.hardware import gpu
 from maxtext_moe.errors import UserError
-from maxtext_moe.launch import cluster, supervisor
 
 COORDINATOR_PORT = 6123
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -51,7 +51,7 @@ def _check_name(name: str) -> None:
 def _container(req: Request, gpus: int, coordinator: str, env: dict[str, str]) -> dict[str, Any]:
   command = ["maxtext-moe", "launch", "--nproc-per-node", str(gpus), "--nnodes", str(req.nodes), "--"]
   command += ["train", req.recipe, *req.overrides, f"base_output_directory={CHECKPOINT_MOUNT}"]
-  variables = env | {cluster.COORDINATOR: coordinator, supervisor.NNODES: str(req.nodes)}
+  variables = env | {placement.COORDINATOR: coordinator, supervisor.NNODES: str(req.nodes)}
   return {
     "name": "trainer",
     "image": req.image,
@@ -143,10 +143,10 @@ def manifests(req: Request, env: dict[str, str], hardware: str, num_devices: int
 
 def for_recipe(req: Request) -> list[dict[str, Any]]:
   """Resolves the recipe (bad overrides fail here, not on the cluster) and builds its manifests."""
-  from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.launch.train import read_launch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
 
-  launch = read_launch(req.recipe, [*req.overrides, f"base_output_directory={CHECKPOINT_MOUNT}"])
-  cfg = launch.resolve()
-  env = flags.for_config(launch.keys.plugin, keep_process_flags=False).full_env()  # the cluster's, not ours
+  overrides = [*req.overrides, f"base_output_directory={CHECKPOINT_MOUNT}"]
+  recipe = recipes.read(req.recipe, overrides, keep_process_flags=False)  # the cluster's flags, not ours
+  cfg = recipe.resolve()
+  env = recipe.flags.full_env()
   return manifests(req, env, str(cfg.recipe_hardware), int(cfg.recipe_num_devices))

@@ -11,15 +11,15 @@ targets by id, so they would carry no loss).
 import sys
 from typing import IO, Any
 
-from maxtext_moe.data import conversations
 from maxtext_moe.errors import UserError
+from maxtext_moe.sft import conversations
 
 CHECK_LIMIT = 20_000  # conversations per split tokenized for the length check (every row is validated)
 LOSS_OPEN, LOSS_CLOSE = "[[", "]]"
 
 
 def _files(pattern: str) -> list[str]:
-  from maxtext_moe.launch.preflight import data_files  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.config.paths import data_files  # pylint: disable=import-outside-toplevel
 
   return data_files(pattern)
 

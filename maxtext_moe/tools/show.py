@@ -29,13 +29,13 @@ def _yaml_entry(key: str, value: Any, comment: str = "") -> str:
 
 def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) -> str:
   """YAML report: plugin keys, then changed (or all) MaxText keys, sorted."""
-  from maxtext_moe.launch.train import read_launch
+  from maxtext_moe.upstream import recipe as recipes
   from maxtext_moe.upstream.config import maxtext_base_defaults
 
-  launch = read_launch(recipe, overrides)
-  ours = launch.resolve().model_dump(mode="json")
+  read = recipes.read(recipe, overrides)
+  ours = read.resolve().model_dump(mode="json")
   base = maxtext_base_defaults()
-  lines = [f"# recipe: {launch.path}", f"# overrides: {' '.join(launch.overrides) or '(none)'}", "plugin_keys:"]
+  lines = [f"# recipe: {read.path}", f"# overrides: {' '.join(read.overrides) or '(none)'}", "plugin_keys:"]
   lines += [_yaml_entry(key, ours[key]) for key in PLUGIN_KEY_NAMES]
   if show_all:
     lines.append("maxtext_keys:")

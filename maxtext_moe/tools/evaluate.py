@@ -27,7 +27,7 @@ class Example:
 
 def examples(cfg: Any, split: str, limit: int | None) -> tuple[list[Example], Any]:
   """The split's conversations as (prompt, reference) token ids, and the tokenizer."""
-  from maxtext_moe.launch import sft_data  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.sft import prepare as sft_data  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import sft  # pylint: disable=import-outside-toplevel
 
   sft_data.require(cfg, "eval")
