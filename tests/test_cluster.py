@@ -13,8 +13,8 @@ import pytest
 from jax._src.clusters.slurm_cluster import SlurmCluster
 
 from maxtext_moe.cluster import placement, supervisor
-from maxtext_moe.errors import UserError
 from maxtext_moe.cluster.placement import Cluster
+from maxtext_moe.errors import UserError
 
 SLURM = {  # task 5 of an srun step over 2 nodes x 4 tasks
   "SLURM_JOB_ID": "12345",

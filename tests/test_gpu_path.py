@@ -41,8 +41,8 @@ GPU_TE = Platform("gpu", te_gemm=True, te_ep=True)  # the container, one process
   [
     (Platform("cpu"), 1, 0.0, DispatchKind.LOCAL, GemmBackend.TILED),
     (Platform("cpu"), 8, 0.0, DispatchKind.ALL_TO_ALL, GemmBackend.TILED),
-    (GPU_BARE, 1, 0.0, DispatchKind.LOCAL, GemmBackend.TILED),
-    (GPU_BARE, 8, 0.0, DispatchKind.ALL_TO_ALL, GemmBackend.TILED),
+    (GPU_BARE, 1, 0.0, DispatchKind.LOCAL, GemmBackend.TOKAMAX),
+    (GPU_BARE, 8, 0.0, DispatchKind.ALL_TO_ALL, GemmBackend.TOKAMAX),
     (GPU_TE_SINGLE_PROCESS, 8, 0.0, DispatchKind.ALL_TO_ALL, GemmBackend.TE),
     (GPU_TE, 8, 0.0, DispatchKind.TE_EP, GemmBackend.TE),
     (GPU_TE, 8, 1.5, DispatchKind.TE_EP, GemmBackend.TE),

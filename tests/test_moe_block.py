@@ -231,3 +231,41 @@ def test_real_ragged_all_to_all_traces_through_forward_and_backward():
   text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, *_weights()).as_text()
   # dispatch (x, ids, weights), combine, and the transposes that carry cotangents back
   assert text.count("custom_call @ragged_all_to_all") >= 4
+
+
+@pytest.mark.parametrize("routing", ["random", "one_rank"])
+def test_rounds_skipped_after_the_first_equal_rounds_skipped_each(routing):
+  """The GPU layout of the bounded rounds (round 0 always, the rest under one conditional) gives the CPU
+  layout's outputs and gradients, for random routing and for adversarial routing (several rounds)."""
+  from maxtext_moe.moe.block import GatedExperts
+  from maxtext_moe.moe.exchange import Exchange
+  from maxtext_moe.moe.rounds import RoundsDispatcher, RoundSkip
+
+  x, ids, weights = _tokens(routing)
+  mesh = _mesh(4)
+  settings = MoESettings(window_sizes=(2, 8))
+  tok, wspec = P(("data", "expert")), P("expert")
+
+  def run(skip):
+    dispatcher = RoundsDispatcher(E, Exchange("expert", 4, E // 4), 2.0, skip)
+
+    def per_device(x, ids, w, *ew):
+      y, stats = dispatcher.run(x, Routing(ids, w), GatedExperts(ew, settings))
+      return y, jax.lax.pmax(stats.rounds, ("data", "expert"))
+
+    specs = {"in_specs": (tok, tok, tok, wspec, wspec, wspec), "out_specs": (tok, P()), "check_vma": False}
+    fn = jax.shard_map(per_device, mesh=mesh, **specs)
+
+    def loss(x, w, *ew):
+      y, rounds = fn(x, ids, w, *ew)
+      return jnp.sum(y * jnp.cos(jnp.arange(D))), rounds
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))(x, weights, *_weights())
+
+  (each, rounds), g_each = run(RoundSkip.EACH)
+  (after, rounds_after), g_after = run(RoundSkip.AFTER_FIRST)
+  assert float(rounds) == float(rounds_after) == _rounds_needed(ids, ep=4, bf=2.0)
+  assert routing == "random" or float(rounds) > 1
+  np.testing.assert_allclose(after, each, **TOL)
+  for a, b in zip(g_after, g_each, strict=True):
+    np.testing.assert_allclose(a, b, **TOL)

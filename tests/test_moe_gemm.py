@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maxtext_moe.moe import mosaic
 from maxtext_moe.moe.gemm import grouped_matmul
 from maxtext_moe.moe.settings import GemmBackend, resolve_backend
 
@@ -70,3 +71,29 @@ def test_auto_picks_tiled_on_cpu():
   assert resolve_backend("auto", platform="cpu") == GemmBackend.TILED
   with pytest.raises(ValueError):
     resolve_backend("nope", platform="cpu")
+
+
+def test_tile_plan_worked_example():
+  expert, start, end = mosaic.tile_plan(jnp.array([5, 0, 2]), num_rows=7, tile=4)
+  assert expert.tolist() == [0, 0, 2, 0, 0]
+  assert start.tolist() == [0, 4, 5, 0, 0] and end.tolist() == [4, 5, 7, 0, 0]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_blackwell_weight_gradient_matches_loop(case):
+  """The dW of the Mosaic path on SM 10.x (tokamax has no Mosaic kernel for it): fixed tiles, a loop of
+  known trip count, against the per-expert reference, with tiles smaller and larger than the groups."""
+  rows, w, sizes = _case(CASES[case][0], extra_rows=CASES[case][1])
+  grad = jax.random.normal(jax.random.PRNGKey(5), (rows.shape[0], w.shape[2]))
+  ref = jax.grad(lambda ww: jnp.sum(_loop_reference(rows, ww, sizes) * grad))(w)
+  for tile in (2, 4, 64):
+    got = jax.jit(mosaic.tiled_weight_grad, static_argnames="tile")(rows, grad, sizes, tile=tile)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_auto_never_picks_a_branching_gemm():
+  """On a GPU without TE `auto` is the Mosaic path (one custom call per GEMM): tiled's per-expert switch is a
+  host sync on XLA:GPU, and ragged_dot a dense dot (the compiled programs say so: tests/test_gpu_compile.py)."""
+  from maxtext_moe.moe.settings import Platform
+
+  assert resolve_backend("auto", platform=Platform("gpu")) == GemmBackend.TOKAMAX

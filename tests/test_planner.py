@@ -15,7 +15,7 @@ from maxtext_moe.planner.memory_plan import memory_plan
 def test_shard_elements_worked_example():
   # DeepSeek-V3's wi_0 [experts, embed, mlp] on EP=8 x FSDP=9: experts / 8; embed's first rule (fsdp, expert)
   # is taken because dim 0 uses expert, so its fallback rule (fsdp) applies, as in MaxText's rules: / 9 rounded
-  # up (XLA pads uneven shards); mlp's tensor axis is 1.
+  # up (divisibility.check refuses such a layout before it is built); mlp's tensor axis is 1.
   rules = [
     ("exp", ("expert",)),
     ("embed", ("fsdp", "expert")),
@@ -74,7 +74,7 @@ def test_671b_rack_fits_and_reports_every_component():
     "verdict: FITS",
   ):
     assert row in table, row
-  # Adam state is on the Grace host (offload: optimizer): 2 fp32 moments of ~685B params over 72 GPUs.
+  # Adam state is on the Grace host (offload: optimizer): 2 fp32 moments of ~685B params over 64 GPUs.
   assert result.base.optimizer == 0 and 60 * 2**30 < result.base.host < 90 * 2**30
   flops_per_token = result.base.tflops_per_step * 1e12 / result.base.tokens_per_step
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention

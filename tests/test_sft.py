@@ -14,8 +14,9 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
 from maxtext_moe.config import recipes
-from maxtext_moe.data import arithmetic, conversations
+from maxtext_moe.data import arithmetic
 from maxtext_moe.errors import UserError
+from maxtext_moe.sft import conversations
 
 RECIPE = "cpu/deepseek3-tiny-sft"
 FIXTURE = REPO / "tests" / "fixtures" / "hf_deepseek3_tiny" / "bf16"

@@ -2,7 +2,7 @@
 
 Measured in one subprocess (8 devices; the caller keeps its one for its own timings), same run, same inputs:
 - `bounded_memory_ratio`: XLA's temporary bytes (`memory_analysis`) of the compiled forward+backward of the
-  MoE block, bounded (moe_buffer_factor = DEFAULT_FACTOR) over worst-case (0), natural routing;
+  MoE block, bounded (moe_buffers=bounded, the default factor) over worst_case, natural routing;
 - `bounded_speed_ratio`: its time per forward+backward, bounded over worst-case, natural routing;
 - `adversarial_rounds` and `adversarial_speed_ratio`: every token's experts all on one rank.
 """
@@ -14,7 +14,8 @@ import subprocess
 import sys
 from typing import Any
 
-DEFAULT_FACTOR = 1.5
+from maxtext_moe.moe.settings import DEFAULT_BUFFER_FACTOR as DEFAULT_FACTOR
+
 SHAPE = {"ep": 8, "tokens": 8192, "dim": 256, "hidden": 128, "experts": 64, "top_k": 8}
 
 
@@ -40,17 +41,19 @@ def _inputs(routing: str):
   return x, ids.astype(jnp.int32), jax.nn.sigmoid(top)
 
 
-def _program(factor: float):
+def _program(buffers: str):
   import jax
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh
 
   from maxtext_moe.moe.block import moe_block
-  from maxtext_moe.moe.settings import DispatchKind, MoESettings
+  from maxtext_moe.moe.settings import BufferMode, DispatchKind, MoESettings
 
   mesh = Mesh(np.array(jax.devices()[: SHAPE["ep"]]), ("expert",))
-  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL, buffer_factor=factor, window_sizes=None)
+  settings = MoESettings(
+    dispatch=DispatchKind.ALL_TO_ALL, buffers=BufferMode(buffers), buffer_factor=DEFAULT_FACTOR, window_sizes=None
+  )
   block = functools.partial(moe_block, mesh=mesh, expert_axis="expert", settings=settings)
 
   def loss(x, w, ws):
@@ -76,11 +79,11 @@ def _in_process(*, timed: bool = True) -> dict[str, Any]:
   seconds, temp = {}, {}
   for routing in ("natural", "one_rank"):
     x, ids, weights = _inputs(routing)
-    for name, factor in (("worst_case", 0.0), ("bounded", DEFAULT_FACTOR)):
+    for name in ("worst_case", "bounded"):
       if not timed and (routing, name) == ("one_rank", "worst_case"):
         continue  # only the adversarial speed ratio needs it
       args = (x, w, (ids, weights))
-      fn = _program(factor).lower(*args).compile()  # compiled once, for the memory analysis and the runs
+      fn = _program(name).lower(*args).compile()  # compiled once, for the memory analysis and the runs
       if routing == "natural":
         temp[name] = fn.memory_analysis().temp_size_in_bytes
       (_, stats), _ = fn(*args)

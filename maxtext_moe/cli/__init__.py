@@ -6,6 +6,7 @@
   maxtext-moe recipes                           the shipped recipes
   maxtext-moe flags RECIPE [key=value ...]      the recipe's XLA/NCCL environment as export lines
   maxtext-moe plan RECIPE [--gpus N] [--gpu-mem GiB]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
+  maxtext-moe compile RECIPE [--json] [--hlo DIR]    the train step compiled by XLA:GPU for the recipe's GPUs
   maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
   maxtext-moe convert hf-to-maxtext --hf DIR --out DIR [--model RECIPE]   HF DeepseekV3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
@@ -20,12 +21,13 @@ wrong type, impossible layout) prints one line on standard error and exits with 
 """
 
 import argparse
+import ctypes
 import os
 import sys
 import threading
 import warnings
 
-from maxtext_moe.cli import data_commands, run_commands, tool_commands
+from maxtext_moe.cli import data_commands, gpu_commands, run_commands, tool_commands
 from maxtext_moe.cli.output import routed_stdout
 from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.stderr import last_word
@@ -43,15 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
   run_commands.register(sub, common)
   tool_commands.register(sub, common)
   data_commands.register(sub, common)
+  gpu_commands.register(sub, common)
   return parser
+
+
+def _cuda_driver() -> bool:
+  """Whether this machine has an NVIDIA driver (libcuda) for JAX's CUDA plugin to start."""
+  try:
+    ctypes.CDLL("libcuda.so.1")
+  except OSError:
+    return False
+  return True
 
 
 def _process_defaults() -> None:
   """Settings for this process, made before jax or maxtext is imported: less start-up noise from XLA's C++
-  logging and transformers, and MaxText without its Google Cloud dependencies."""
+  logging and transformers, MaxText without its Google Cloud dependencies, and on a machine without an
+  NVIDIA driver JAX on its CPU backend (with the jax-cuda12 plugin installed for `compile`, JAX would
+  otherwise try CUDA first and print its failure as a traceback)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+  if "JAX_PLATFORMS" not in os.environ and not _cuda_driver():
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def _last_word(line: str, verbose: bool) -> None:

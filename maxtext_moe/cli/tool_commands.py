@@ -135,7 +135,7 @@ def _register_k8s(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     "PersistentVolumeClaim at /checkpoints (base_output_directory). The recipe and overrides are resolved "
     "first, so a bad key fails here. --kind jobset (default) needs the JobSet controller, which restarts the "
     "whole job on a failure (up to --max-restarts); --kind job is an indexed Job plus a headless Service.",
-    epilog="Example: maxtext-moe k8s gb200-nvl72/deepseek3-671b --nodes 18 --image REGISTRY/maxtext-moe:0.1.0 "
+    epilog="Example: maxtext-moe k8s gb200-nvl72/deepseek3-671b --nodes 16 --image REGISTRY/maxtext-moe:0.1.0 "
     "| kubectl apply -f -",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")

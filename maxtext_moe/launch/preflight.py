@@ -26,6 +26,16 @@ def check_visible_devices(cfg: Any, *, visible: int, processes: int = 1) -> None
     raise UserError(str(e)) from e
 
 
+def check_layout_divides(cfg: Any, *, num_devices: int) -> None:
+  """Every parameter splits evenly over its mesh axes (else JAX refuses the train state with a traceback
+  from inside MaxText): one line naming the tensor and the nearest layout that divides."""
+  from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import config, model  # pylint: disable=import-outside-toplevel
+
+  hp = config.hyperparameters(cfg)
+  divisibility.check(hp, model.param_leaves(hp), num_devices)
+
+
 def check_platform(cfg: Any, *, platform: str) -> None:
   """Settings that need an XLA backend feature this platform lacks."""
   if cfg.offload is not None:

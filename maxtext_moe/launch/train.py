@@ -20,6 +20,7 @@ from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch.preflight import (
   absolute_checkpoint_paths,
   check_inputs,
+  check_layout_divides,
   check_moe_path,
   check_platform,
   check_visible_devices,
@@ -129,6 +130,7 @@ def train(
   recipe, job = join_job(recipe, dist)
   cfg = recipe.resolve()
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
+  check_layout_divides(cfg, num_devices=jax.device_count())
   check_platform(cfg, platform=jax.default_backend())
   check_moe_path(cfg)
   check_inputs(cfg)

@@ -15,7 +15,8 @@ Backends:
   same loop with transposed weights, dW is one X_e^T dY_e product per expert.
   History: fixed tiles of (128, 16) rows reached ~0.45 of dense (fwd) on 2 CPU cores, because at ~128
   rows per expert most rows fell into 16-row tiles that re-read the weight each time.
-- `tokamax`: `tokamax.ragged_dot`, which picks a Pallas/Mosaic kernel on GPU/TPU where one applies.
+- `tokamax`: on an SM 9.x/10.x GPU tokamax's Mosaic GPU kernels (`mosaic.py`: one custom call per GEMM,
+  no data-dependent branch; what `auto` picks on a GPU without TE); elsewhere `tokamax.ragged_dot`.
 - `te`: Transformer Engine's `grouped_dense` (GPU; `upstream.te`, the TE seam, which imports nothing of
   ours): BF16, or FP8 / MXFP8 through TE's quantizer sets (`quantization`).
 - `auto`: `settings.resolve_backend` decides.
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from maxtext_moe.moe import mosaic
 from maxtext_moe.moe.permute import WindowPlan, window_plan, window_sizes
 from maxtext_moe.moe.settings import GemmBackend, detect_platform, resolve_backend
 
@@ -133,6 +135,8 @@ def grouped_matmul(
       sizes = tuple(sorted({m for m in window_sizes_L if 0 < m < num_rows} | {max(num_rows, 1)}))
     return _tiled(rows_RD, w_EDF, group_sizes_E, sizes)
   if backend == GemmBackend.TOKAMAX:
+    if mosaic.compute_capability() >= (9, 0):
+      return mosaic.grouped_matmul(rows_RD, w_EDF, group_sizes_E)
     import tokamax  # pylint: disable=import-outside-toplevel
 
     return tokamax.ragged_dot(rows_RD, w_EDF, group_sizes_E)

@@ -14,7 +14,7 @@ from maxtext_moe.moe import collectives
 from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import Dispatcher, ExpertParallelDispatcher, LocalDispatcher
 from maxtext_moe.moe.exchange import Exchange
-from maxtext_moe.moe.rounds import RoundsDispatcher
+from maxtext_moe.moe.rounds import RoundsDispatcher, RoundSkip
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
 from maxtext_moe.moe.te_ep import TeEpDispatcher
 from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
@@ -46,7 +46,10 @@ def _exchanged(spec: DispatchSpec, *, ragged: bool) -> Dispatcher:
   collective = (s.ragged_exchange or jax.lax.ragged_all_to_all) if ragged else collectives.all_to_all
   exchange = Exchange(spec.expert_axis, spec.ep, spec.num_experts // spec.ep, ragged, collective)
   if rules.runs_in_rounds(s.dispatch, s.buffers):
-    return RoundsDispatcher(spec.num_experts, exchange, s.buffer_factor)
+    gpu = spec.mesh.devices.flat[0].platform == "gpu"
+    return RoundsDispatcher(
+      spec.num_experts, exchange, s.buffer_factor, RoundSkip.AFTER_FIRST if gpu else RoundSkip.EACH
+    )
   return ExpertParallelDispatcher(spec.num_experts, exchange, s.capacity_factor)
 
 

@@ -12,7 +12,10 @@ rows, T x P x K (row, local expert) pairs for the grouped GEMM. `RoundsDispatche
   routing needs one; adversarial routing (every token to one rank) needs more, and drops nothing.
 - The rounds are a `lax.scan` of static length (the most any routing can need), each round a `lax.cond`
   that skips the exchange and the GEMM past the last needed round, and a `jax.checkpoint` so the backward
-  keeps nothing per round but its index (the round's output is recomputed).
+  keeps nothing per round but its index. On a GPU mesh (`RoundSkip.AFTER_FIRST`) round 0 runs
+  unconditionally and the scan of the others sits in one `lax.cond` taken only when some rank needs a
+  second round: on XLA:GPU a conditional outside a command buffer is a host sync, so natural routing pays
+  one per call (forward, recomputation, backward) instead of one per round.
 - A round receives P x min(G, T) rows and hands the grouped GEMM P x (G + K - 1) pairs: the sorted pairs
   with the empty ones (ids "not here") cut off, since they sort last. The worst-case mode's are P x T and
   P x T x K.
@@ -23,6 +26,7 @@ rows per round (P x min(G, T)), Q pairs per round (P x (G + K - 1)).
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -98,6 +102,16 @@ def _reduce(out_QD, order_Q, recv_w_SK, num_valid):
   return jax.ops.segment_sum(out_QD * w_Q[:, None], order_Q // k, num_segments=s)
 
 
+class RoundSkip(StrEnum):
+  """How the rounds a routing does not need are skipped (each way keeps the backward per-round)."""
+
+  EACH = "each"  # a `lax.cond` per round: one conditional per round and call
+  AFTER_FIRST = "after_first"  # round 0 always; the rest only when some rank needs a second round: one
+  # conditional per call under natural routing. On XLA:GPU every conditional outside a command buffer is a
+  # host sync, and this layout also needs less temporary memory there; XLA:CPU keeps the two branches'
+  # temporaries apart (about 2x the bounded buffers), so CPU keeps EACH.
+
+
 @dataclass(frozen=True)
 class RoundsDispatcher:
   """Experts split evenly over `exchange`'s P ranks, dropless, in buffers of `buffer_factor` times the
@@ -109,6 +123,7 @@ class RoundsDispatcher:
   num_experts: int
   exchange: Exchange
   buffer_factor: float
+  skip: RoundSkip = RoundSkip.EACH
 
   @property
   def local_experts(self) -> int:
@@ -145,25 +160,34 @@ class RoundsDispatcher:
     return self.exchange.back(partial_SD, trip, send_rows=send_rows)
 
   def run(self, x_TD: jax.Array, routing: Routing, experts: Experts) -> tuple[jax.Array, DispatchStats]:
-    """(y_TD: every round's outputs summed, rounds past `plan.rounds` skipped (all ranks agree); the stats
-    of the same plan, so its global counts are gathered once)."""
+    """(y_TD: every round's outputs summed; the stats of the same plan, so its global counts are gathered
+    once). Rounds past the last one some rank needs are skipped (`plan.rounds` is global, so every rank
+    takes the same branch): one at a time (`RoundSkip.EACH`), or all at once when only round 0 is needed
+    (`RoundSkip.AFTER_FIRST`)."""
     plan = self.plan(routing.ids_TK)
     t, k = routing.ids_TK.shape
     most = max_rounds(t, k, budget=self.budget(routing.ids_TK), local_experts=self.local_experts)
 
     @jax.checkpoint
     def one(r):
-      return jax.lax.cond(
-        r < plan.rounds,
-        lambda: self._round(x_TD, routing, experts, plan, r),
-        lambda: jnp.zeros_like(x_TD),
-      )
+      return self._round(x_TD, routing, experts, plan, r)
 
     def body(y_TD, r):
-      return y_TD + one(r), None
+      return y_TD + jax.lax.cond(r < plan.rounds, lambda: one(r), lambda: jnp.zeros_like(x_TD)), None
 
-    y_TD, _ = jax.lax.scan(body, jnp.zeros_like(x_TD), jnp.arange(most))
-    return y_TD, self._stats(routing.ids_TK, plan)
+    def rounds_from(first):
+      return jax.lax.scan(body, jnp.zeros_like(x_TD), jnp.arange(first, most))[0]
+
+    if self.skip == RoundSkip.EACH or most == 1:
+      return rounds_from(0), self._stats(routing.ids_TK, plan)
+
+    def first_only():
+      return jnp.zeros_like(x_TD) + one(0)
+
+    def every_round():
+      return jax.lax.scan(body, first_only(), jnp.arange(1, most))[0]
+
+    return jax.lax.cond(plan.rounds > 1, every_round, first_only), self._stats(routing.ids_TK, plan)
 
   def _stats(self, ids_TK: jax.Array, plan: RoundPlan) -> DispatchStats:
     """Wire rows with and without dedup, one round's receive buffer, pairs past the static rounds (none

@@ -127,14 +127,15 @@ def resolve_dispatch(
 
 
 def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> GemmBackend:
-  """Turns `auto` into a concrete grouped GEMM. On a GPU: te where TE imports, else tiled, never
-  ragged_dot (XLA:GPU rewrites it to a dense dot by default: about 25 TFLOP/s on a B200, docs/design-facts.md).
-  On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled."""
+  """Turns `auto` into a concrete grouped GEMM. On a GPU: te where TE imports, else tokamax (its Mosaic GPU
+  kernels: one custom call per GEMM, no data-dependent branch), never ragged_dot (XLA:GPU rewrites it to a
+  dense dot: about 25 TFLOP/s on a B200) nor tiled (a conditional per expert and GEMM, each a host sync on
+  XLA:GPU; docs/gpu-path.md). On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled."""
   backend, platform = GemmBackend(backend), _platform(platform)
   if backend != GemmBackend.AUTO:
     return backend
   if platform.name == "gpu":
-    return GemmBackend.TE if platform.te_gemm else GemmBackend.TILED
+    return GemmBackend.TE if platform.te_gemm else GemmBackend.TOKAMAX
   return GemmBackend.RAGGED_DOT if platform.name == "tpu" else GemmBackend.TILED
 
 

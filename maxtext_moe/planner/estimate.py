@@ -54,7 +54,7 @@ def dtype_bytes(dtype: Any) -> int:
   return _DTYPE_BYTES[name]
 
 
-def _mesh_axes(names: tuple, rules: list) -> list[tuple[str, ...]]:
+def mesh_axes_of(names: tuple, rules: list) -> list[tuple[str, ...]]:
   """Mesh axes each dim of an array with logical `names` is sharded over, by flax's rule resolution (what
   MaxText's shardings use): rules in priority order, each mesh axis used at most once per array."""
   return [
@@ -64,10 +64,10 @@ def _mesh_axes(names: tuple, rules: list) -> list[tuple[str, ...]]:
 
 
 def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
-  """Elements of one device's shard of a parameter: each dim divided (rounded up, as XLA pads uneven
-  shards) by the sizes of the mesh axes its logical name resolves to."""
+  """Elements of one device's shard of a parameter: each dim divided by the sizes of the mesh axes its
+  logical name resolves to (rounded up; a layout that does not divide is refused by `divisibility.check`)."""
   total = 1
-  for dim, axes in zip(shape, _mesh_axes(names, rules), strict=True):
+  for dim, axes in zip(shape, mesh_axes_of(names, rules), strict=True):
     total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
   return total
 
@@ -189,7 +189,7 @@ def estimate(
   d_b = dtype_bytes(cfg.dtype)
   params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes)
 
-  batch_shards = math.prod(sizes.get(a, 1) for a in _mesh_axes(("activation_batch",), rules)[0])
+  batch_shards = math.prod(sizes.get(a, 1) for a in mesh_axes_of(("activation_batch",), rules)[0])
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   rows = moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch) if int(cfg.num_experts) > 1 else 0
   emb, ffn, vocab = int(cfg.emb_dim), int(cfg.moe_mlp_dim), int(cfg.vocab_size)

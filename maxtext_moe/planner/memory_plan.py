@@ -16,6 +16,7 @@ from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
+from maxtext_moe.planner import divisibility
 from maxtext_moe.planner.estimate import GIB, Estimate, estimate
 
 
@@ -205,6 +206,7 @@ def memory_plan(
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(recipe, overrides, gpus, gpu_mem_gib)
+  divisibility.check(cfg, ctx.leaves, ctx.num_devices)
   base, dispatch = _estimate(ctx, cfg, [])
   fix, fix_kind, tried = None, None, 0
   if not base.fits:
@@ -214,6 +216,9 @@ def memory_plan(
         cand_cfg = upstream_config.resolved(ctx.path, ctx.base_overrides + extra)
       except UserError:
         continue  # an invalid layout for this model (e.g. experts not divisible)
+      sizes = mesh_sizes(cand_cfg, ctx.num_devices)
+      if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand_cfg), sizes):
+        continue
       cand, _ = _estimate(ctx, cand_cfg, extra)
       if cand.fits:
         fix, fix_kind = cand, kind

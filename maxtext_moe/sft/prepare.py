@@ -2,7 +2,7 @@
 tokenizer and chat-template split (`upstream.sft`), JSONL staged as Parquet; and `maxtext-moe data show`.
 
 Checked before anything is compiled, one line each (exit 2): the tokenizer loads and has a chat template,
-each row is a conversation (`data.conversations`), the template renders it, the held-out split exists and is
+each row is a conversation (`sft.conversations`), the template renders it, the held-out split exists and is
 not empty. Measured, with a note: conversations longer than max_target_length (truncated by MaxText's
 pipeline, or refused with sft_overlength=refuse) and completion tokens equal to the pad id (MaxText masks
 targets by id, so they would carry no loss).

@@ -22,8 +22,8 @@ def _gemm_why(choice: GemmBackend, platform: Platform) -> str:
     return "Transformer Engine's grouped GEMM imports here"
   if platform.name == "gpu":
     return (
-      f"Transformer Engine does not import ({te.status().reason}); "
-      "never ragged_dot on GPU (XLA:GPU rewrites it to a dense dot)"
+      f"Transformer Engine does not import ({te.status().reason}): tokamax's Mosaic GPU kernels (no host "
+      "syncs); never ragged_dot (XLA:GPU rewrites it to a dense dot) nor tiled (a host sync per expert)"
     )
   if platform.name == "tpu":
     return "Mosaic's grouped matmul behind jax.lax.ragged_dot"

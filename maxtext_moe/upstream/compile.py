@@ -1,23 +1,30 @@
-"""MaxText's own counts of a training step: its FLOPs, and XLA's memory for the compiled step.
+"""MaxText's own counts of a training step: its FLOPs, and the step compiled ahead of time, for the visible
+devices or for GPUs that are not there.
 
-The memory planner's FLOPs come from MaxText's `calculate_tflops_training_per_device`; `bench plan` checks
-the planner's memory against `compiled_train_memory`, which compiles MaxText's train step ahead of time
-for the visible devices as its `train_compile.py` does for a topology (nothing is allocated).
-`lowered_train_step` lowers the same step for any platform (a GPU's too, on a CPU machine), which is how
-the offload presets' host placements are checked.
+- `train_tflops_per_device`: MaxText's `calculate_tflops_training_per_device` (the planner's FLOPs).
+- `compile_train_step`: MaxText's train step built as its `train_compile.py` builds it (shaped inputs, the
+  ZeRO-1 shardings, `get_functional_train_with_signature`) and compiled; nothing is allocated.
+  `compiled_train_memory` is its `memory_analysis()`.
+- `gpu_topology` / `topology_mesh`: compile-only GPU devices (XLA:GPU with no GPU attached, from the
+  jax-cuda12 plugin and a target description) and MaxText's mesh over them, grouped into partitions the
+  way a real cluster reports them (see `topology_mesh`).
+- `lowered_train_step`: the step lowered for any platform with `jax.export` (the offload tests).
 """
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 from flax.linen import partitioning as nn_partitioning
 from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import maxtext_utils, sharding
 
 from maxtext_moe.upstream import moe_layer
 from maxtext_moe.upstream.model import model_patches
-from maxtext_moe.upstream.patches import installed
+from maxtext_moe.upstream.patches import Patch, installed
 
 
 def train_tflops_per_device(cfg: Any) -> tuple[float, float, float]:
@@ -52,20 +59,73 @@ def _train_step(cfg: Any) -> _TrainStep:
   return _TrainStep(func, args, kwargs, mesh, in_sh, out_sh, static, donate)
 
 
-def compiled_train_memory(cfg: Any) -> dict[str, int]:
-  """XLA's `memory_analysis()` per device of the train step for a resolved config (HyperParameters):
-  argument/output/alias/temp bytes, on device and host."""
-  with installed(model_patches()), moe_layer.te_guard():
+@contextlib.contextmanager
+def _on(mesh: Any | None) -> Iterator[None]:
+  """MaxText asked for its mesh gets `mesh` (compile-only devices), and work that picks a kernel by the
+  default device (tokamax) sees one of them; with None, the visible devices as they are."""
+  if mesh is None:
+    yield
+    return
+  answer = Patch(maxtext_utils, "get_mesh_from_config", lambda config, devices=None: mesh)
+  with installed([answer]), jax.default_device(mesh.devices.flat[0]):
+    yield
+
+
+def compile_train_step(cfg: Any, *, mesh: Any | None = None) -> Any:
+  """The compiled train step (`jax.stages.Compiled`) of a resolved config (HyperParameters), with our
+  model patches, on `mesh` (default: MaxText's mesh over the visible devices)."""
+  with installed(model_patches()), moe_layer.te_guard(), _on(mesh):
     s = _train_step(cfg)
     rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
-    compiled = train_compile.jit_and_compile(
+    return train_compile.jit_and_compile(
       s.func, s.args, s.kwargs, s.mesh, s.in_shardings, s.out_shardings, s.static_argnums, s.donate_argnums, cfg, rules
     )
+
+
+def memory(compiled: Any) -> dict[str, int]:
+  """XLA's `memory_analysis()` per device: argument/output/alias/temp bytes, on device and host."""
   mem = compiled.memory_analysis()
   names = ("argument", "output", "alias", "temp")
   out = {f"{n}_bytes": int(getattr(mem, f"{n}_size_in_bytes")) for n in names}
   out.update({f"host_{n}_bytes": int(getattr(mem, f"host_{n}_size_in_bytes")) for n in names})
   return out
+
+
+def compiled_train_memory(cfg: Any) -> dict[str, int]:
+  """`memory` of the train step compiled for the visible devices."""
+  return memory(compile_train_step(cfg))
+
+
+def gpu_topology(target_config: str, *, partitions: int, hosts_per_partition: int, devices_per_host: int) -> Any:
+  """Compile-only GPU devices ("partitions x hosts per partition x devices per host"). Needs the
+  jax-cuda12 plugin and `JAX_PLATFORMS=cpu`; no GPU or CUDA driver."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  shape = f"{partitions}x{hosts_per_partition}x{devices_per_host}"
+  return topologies.get_topology_desc(platform="cuda", target_config=target_config, topology=shape).devices
+
+
+def topology_mesh(cfg: Any, devices: list, *, devices_per_partition: int) -> Any:
+  """MaxText's mesh for `cfg` over compile-only devices. On a real cluster jax 0.12 gives each device a
+  partition (`slice_index`, which MaxText's multi-slice mesh groups by) from its NVLink fabric (one per
+  NVL72 rack) or else its host; the compile-only devices all report partition 0, so they are grouped here:
+  consecutive `devices_per_partition` devices (in process order) form one partition, each laid out by ICI
+  degrees, the partitions by DCN degrees, as `mesh_utils.create_hybrid_device_mesh` does."""
+  from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
+
+  slices = max(int(cfg.num_slices), 1)
+  if slices == 1:
+    array = maxtext_utils.create_device_mesh(cfg, devices)
+  else:
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    granules = [ordered[i : i + devices_per_partition] for i in range(0, len(ordered), devices_per_partition)]
+    ici = list(cfg.ici_parallelism)
+    dcn = list(cfg.dcn_parallelism)
+    per_slice = [mesh_utils.create_device_mesh(ici, g) for g in granules]
+    blocks = np.vectorize(lambda i: per_slice[i], otypes=[object])(np.arange(len(per_slice)).reshape(dcn))
+    array = np.block(blocks.tolist())
+  return Mesh(array, cfg.mesh_axes)
 
 
 def lowered_train_step(cfg: Any, *, platform: str) -> str:

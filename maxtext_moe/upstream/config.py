@@ -15,6 +15,7 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import omegaconf
@@ -26,6 +27,7 @@ from maxtext.utils import max_utils
 
 from maxtext_moe.config import checks, model_file, offload
 from maxtext_moe.config.keys import PluginKeys
+from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
@@ -108,9 +110,26 @@ class LayerKeys:
   model_name: str
   dump_hlo: bool
   dump_hlo_flags: list[str]  # the XLA flags that make dump_hlo dump (MaxText adds them only without XLA_FLAGS)
+  maxtext: dict[str, Any]  # MaxText's keys of `MAXTEXT_LAYER_KEYS`, as the layers and overrides set them
+
+  @property
+  def expert_parallelism(self) -> int:
+    return expert_parallelism(SimpleNamespace(**self.maxtext))
 
 
-_LAYER_PLUGIN_KEYS = ("recipe_hardware", "flag_profile", "xla_flags_extra", "env_extra", "offload")
+_LAYER_PLUGIN_KEYS = (
+  "recipe_hardware",
+  "recipe_num_devices",
+  "flag_profile",
+  "xla_flags_extra",
+  "env_extra",
+  "offload",
+  "moe_dispatch",
+  "moe_gemm_backend",
+)
+# MaxText's keys the launcher reads from the layers (MaxText's defaults where they are unset).
+MAXTEXT_LAYER_KEYS = {"num_slices": 1, "attention": "autoselected", "ici_expert_parallelism": 1}
+MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1}
 
 
 def _layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
@@ -160,6 +179,8 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
       k: _layer_value(merged, k) for k in ("model_name", "dump_hlo", "dump_hlo_local_dir", "dump_hlo_local_module_name")
     }
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
+    values = {k: _layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
+    values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
   except (pydantic.ValidationError, ValueError, yaml.YAMLError, omegaconf.errors.OmegaConfBaseException) as e:
     raise UserError(one_line(e)) from e
   return LayerKeys(
@@ -171,6 +192,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     model_name=str(raw["model_name"] or "default"),
     dump_hlo=bool(raw["dump_hlo"]),
     dump_hlo_flags=_dump_flags(raw) if raw["dump_hlo"] else [],
+    maxtext=values,
   )
 
 

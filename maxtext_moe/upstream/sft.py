@@ -1,7 +1,7 @@
 """MaxText's SFT data path, reached from outside its trainer: the tokenizer it builds, its rendering of a
 conversation into prompt and completion chunks, and its grain SFT pipeline on rows we hand it.
 
-The launcher's checks (`data.conversations`) and `maxtext-moe data show` call these, so what they measure
+The launcher's checks (`sft.conversations`) and `maxtext-moe data show` call these, so what they measure
 and print is what MaxText's trainer will feed the model, not a re-implementation of it.
 """
 

@@ -1,0 +1,42 @@
+"""The command that looks at a GPU recipe without a GPU: compile."""
+
+import argparse
+import json
+from pathlib import Path
+from typing import IO
+
+from maxtext_moe.cli.run_commands import OVERRIDES_HELP, split_recipe
+from maxtext_moe.errors import UserError
+
+
+def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.tools import compile as gpu_compile
+  from maxtext_moe.tools.compile_report import format_report
+
+  recipe, overrides = split_recipe(ns.args)
+  if recipe is None:
+    raise UserError("compile needs a GPU RECIPE (see 'maxtext-moe recipes')")
+  report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=Path(ns.hlo) if ns.hlo else None)
+  print(json.dumps(report) if ns.json else format_report(report), file=out)
+  return 0 if report["fits"] else 1
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "compile",
+    parents=[common],
+    help="compile a GPU recipe's train step with XLA:GPU for its own GPUs and device count, on any machine",
+    epilog=OVERRIDES_HELP
+    + " Exit code: 0 fits, 1 does not fit, 2 bad input. Example: maxtext-moe compile h200x8/deepseek3-proxy-16b",
+    description="Build the recipe's train step as `train` builds it (the same config, flag profile, patches, "
+    "one process per GPU) and compile it with XLA:GPU for the recipe's GPU model at its full device count, "
+    "with compile-only devices (the jax-cuda12 plugin, ./setup.sh --gpu-compile; no GPU needed). Prints per "
+    "GPU: memory beside the planner's and whether it fits, collectives per step by kind (count, bytes, group "
+    "size, async), host transfers, host syncs (conditionals outside command buffers, loops of unknown trip "
+    "count), GEMM kinds, compile seconds, and every substitution made (TE absent, an attention kernel). "
+    "Kernel choices are not autotuned without a GPU.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+  p.add_argument("--hlo", metavar="DIR", help="also write the optimized HLO and the JSON report to DIR")
+  p.set_defaults(func=_compile)

@@ -1,0 +1,125 @@
+"""`maxtext-moe compile RECIPE`: the recipe's train step compiled by XLA:GPU for its own GPUs and full device
+count, on any machine (no GPU needed), and what the compiled program does per step.
+
+The step is built as `train` builds it: the same recipe read (`upstream.recipe`), flag profile (its
+XLA_FLAGS in effect before the backend starts), resolved config, patches and one process per GPU. The
+devices are XLA:GPU compile-only devices from the jax-cuda12 plugin and the hardware table's target
+description, grouped into partitions as the real cluster reports them (`upstream.compile.topology_mesh`).
+What cannot be compiled here is substituted and said (`substitutions`): Transformer Engine's kernels where
+TE does not import, attention kernels that need cuDNN at compile time. Kernel choices are XLA's defaults:
+nothing is autotuned without a GPU.
+"""
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from maxtext_moe.config import flags, hardware
+from maxtext_moe.errors import UserError
+
+PLUGIN = "jax_plugins.xla_cuda12"
+NEEDS_CUDNN = ("cudnn_flash_te", "cudnn_flash_jax")
+
+
+def plugin_installed() -> bool:
+  return importlib.util.find_spec(PLUGIN) is not None
+
+
+@dataclass(frozen=True)
+class Target:
+  """The GPUs a recipe is laid out for."""
+
+  gpu: hardware.GpuModel
+  name: str
+  devices: int
+  partitions: int  # NVLink domains the job spans (MaxText's slices)
+
+  @property
+  def per_partition(self) -> int:
+    return self.devices // self.partitions
+
+
+def target_of(keys: Any) -> Target:
+  """The recipe's GPU model and device count (its layer keys), or one line saying why it has none."""
+  gpu = hardware.gpu(keys.plugin.recipe_hardware)
+  if gpu is None:
+    raise UserError(
+      f"{keys.plugin.recipe_hardware} recipes run on this machine with 'maxtext-moe train'; compile takes a GPU "
+      "recipe (maxtext-moe recipes lists them)"
+    )
+  devices = int(keys.plugin.recipe_num_devices)
+  slices = max(int(keys.maxtext["num_slices"]), 1)
+  if devices <= 0 or devices % slices:
+    raise UserError(f"compile needs a device count divisible by num_slices={slices}: set recipe_num_devices=N")
+  return Target(gpu, str(keys.plugin.recipe_hardware), devices, slices)
+
+
+def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[str]]:
+  """(overrides, plain words) for what this machine cannot compile as the recipe's container would run it."""
+  extra, said = [], []
+  keys = recipe.keys
+  gemm, dispatch = str(keys.plugin.moe_gemm_backend), str(keys.plugin.moe_dispatch)
+  if not te_available and gemm in ("auto", "te"):
+    extra.append("moe_gemm_backend=tokamax")
+    said.append(
+      f"moe_gemm_backend={gemm}: the container runs Transformer Engine's grouped GEMM (te), which does not import "
+      "here; compiled with tokamax (Mosaic GPU), what auto picks on a GPU without TE"
+    )
+  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
+    extra.append("moe_dispatch=all_to_all")
+    said.append(
+      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), which needs TE and NCCL communicators; "
+      "compiled with all_to_all (its buffers as moe_buffers says)"
+    )
+  attention = str(keys.maxtext["attention"])
+  if attention in NEEDS_CUDNN:
+    extra.append("attention=dot_product")
+    said.append(f"attention={attention} needs cuDNN at compile time: compiled with dot_product attention")
+  return extra, said
+
+
+def _resolve(name: str | None, overrides: list[str], target: Target, extra: list[str]) -> tuple[Any, Any]:
+  """(the recipe read with the compile's overrides, its resolved HyperParameters), the flag environment in
+  effect first."""
+  from maxtext_moe.launch import environment  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+
+  deviceless = ["skip_jax_distributed_system=true", "internal_compile=true"]
+  deviceless += [f"internal_compile_num_devices={target.devices}", f"recipe_num_devices={target.devices}"]
+  recipe = recipes.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
+  flags.probe(recipe.flags.xla_flags)
+  os.environ["JAX_PLATFORMS"] = "cpu"  # the compile-only GPU devices come from the plugin, not a backend
+  environment.apply(recipe.flags)
+  return recipe, upstream_config.hyperparameters(recipe.resolve())
+
+
+def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | None = None) -> dict[str, Any]:
+  """Compiles the recipe's train step for its GPUs; returns the report (`format_report` prints it)."""
+  from maxtext_moe.tools import compile_report  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import compile as upstream_compile  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel
+
+  if not plugin_installed():
+    raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")
+  first = recipes.read(name, overrides, keep_process_flags=False)
+  target = target_of(first.keys)
+  extra, said = substitutions(first, te_available=te.status().available)
+  recipe, cfg = _resolve(name, overrides, target, extra)
+  devices = upstream_compile.gpu_topology(
+    hardware.target_config(target.gpu), partitions=1, hosts_per_partition=target.devices, devices_per_host=1
+  )
+  mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
+  start = time.monotonic()
+  compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
+  seconds = time.monotonic() - start
+  report = compile_report.build(cfg, compiled, target=target, recipe=recipe, substitutions=said, compile_s=seconds)
+  report["planner"] = compile_report.planner_figures(name, [*overrides, *extra], target=target)
+  compile_report.compare(report)
+  if hlo_dir is not None:
+    compile_report.keep(report, compiled.as_text(), hlo_dir)
+  return report

@@ -1,0 +1,125 @@
+"""The report of `maxtext-moe compile`: XLA:GPU's memory for one device beside the planner's, the
+collectives, host transfers and host syncs of one step, GEMM kinds, and what was substituted."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from maxtext_moe.tools import hlo
+
+GIB = 2**30
+NOTE = (
+  "XLA:GPU compiled without a GPU: program structure, collectives and memory are XLA:GPU's; kernel choices "
+  "(GEMM tiles, fusions) are its defaults, not autotuned"
+)
+
+
+def _mem_fraction(recipe: Any) -> float:
+  return float(recipe.flags.env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75))
+
+
+def build(cfg: Any, compiled: Any, *, target: Any, recipe: Any, substitutions: list[str], compile_s: float) -> dict:
+  """The report of one compiled step (`compiled`: jax.stages.Compiled for `target`'s devices)."""
+  from maxtext_moe.upstream.compile import memory  # pylint: disable=import-outside-toplevel
+
+  mem = memory(compiled)
+  device = mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
+  host = mem["host_argument_bytes"] + mem["host_output_bytes"] - mem["host_alias_bytes"] + mem["host_temp_bytes"]
+  usable = int(target.gpu.hbm_bytes * _mem_fraction(recipe))
+  program = hlo.report(compiled.as_text(), num_devices=target.devices)
+  transfers = program["host_transfers"]
+  return {
+    "platform": "cuda",
+    "gpu": target.name,
+    "product": target.gpu.product,
+    "devices": target.devices,
+    "partitions": target.partitions,
+    "layout": {a: int(n) for a, n in zip(cfg.mesh_axes, _layout(cfg, target), strict=True) if n > 1},
+    "memory": mem,
+    "device_bytes": device,
+    "host_bytes": host,
+    "usable_hbm_bytes": usable,
+    "fits": device <= usable,
+    "collectives": program["collectives"],
+    "host_transfers": transfers,
+    "host_transfer_bytes": sum(r["bytes"] for r in transfers.values()),
+    "host_syncs_per_step": program["host_syncs_per_step"],
+    "host_syncs_per_step_at_most": program["host_syncs_per_step_at_most"],
+    "conditionals": program["conditionals"],
+    "conditionals_in_command_buffers": program["conditionals_in_command_buffers"],
+    "while_loops": program["while_loops"],
+    "unknown_trip_while_loops": program["unknown_trip_while_loops"],
+    "gemms": program["gemms"],
+    "compile_s": round(compile_s, 1),
+    "substitutions": substitutions,
+    "xla_flags": recipe.flags.xla_flags,
+    "note": NOTE,
+  }
+
+
+def _layout(cfg: Any, target: Any) -> list[int]:
+  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+
+  return list(mesh_sizes(cfg, target.devices).values())
+
+
+def planner_figures(name: str | None, overrides: list[str], *, target: Any) -> dict[str, Any]:
+  """The planner's estimate of the same config (the compile's substitutions included)."""
+  from maxtext_moe.planner.memory_plan import memory_plan  # pylint: disable=import-outside-toplevel
+
+  plan = memory_plan(name or "cpu/deepseek3-tiny", overrides, gpus=target.devices)
+  e = plan.base
+  return {"device_bytes": e.device_total, "host_bytes": e.host, "dispatch": plan.dispatch, "fits": e.fits}
+
+
+def compare(report: dict[str, Any]) -> None:
+  """Adds the planner's figures and its relative error against XLA:GPU's."""
+  planned = report["planner"]["device_bytes"]
+  report["planner_device_bytes"] = planned
+  report["rel_error"] = round((planned - report["device_bytes"]) / max(report["device_bytes"], 1), 4)
+
+
+def keep(report: dict[str, Any], text: str, directory: Path) -> None:
+  """Writes the optimized HLO and the report's JSON to `directory` (created)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / "train_step.after_optimizations.txt").write_text(text)
+  (directory / "compile.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _gib(n: float) -> str:
+  return f"{n / GIB:,.2f}"
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The table `compile` prints."""
+  layout = " x ".join(f"{a}={n}" for a, n in r["layout"].items()) or "1 device"
+  m = r["memory"]
+  where = f"{r['devices']} x {r['product']} ({r['partitions']} NVLink partition(s))"
+  planned = f"{_gib(r['planner_device_bytes']):>13}  ({r['rel_error']:+.1%})"
+  lines = [
+    f"{where}, {layout}; compiled in {r['compile_s']} s",
+    "",
+    f"  {'per GPU':<36}{'XLA:GPU GiB':>12}{'planner GiB':>13}",
+    f"  {'arguments (outputs aliased to them)':<36}{_gib(m['argument_bytes']):>12}",
+    f"  {'temporaries':<36}{_gib(m['temp_bytes']):>12}",
+    f"  {'device total':<36}{_gib(r['device_bytes']):>12}{planned}",
+    f"  {'host (offloaded)':<36}{_gib(r['host_bytes']):>12}{_gib(r['planner']['host_bytes']):>13}",
+    f"  {'usable HBM':<36}{_gib(r['usable_hbm_bytes']):>12}   {'FITS' if r['fits'] else 'DOES NOT FIT'}",
+    "",
+    "  collectives per step (one GPU)              count        GiB",
+  ]
+  for key, row in sorted(r["collectives"].items()):
+    lines.append(f"    {key:<40}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
+  for key, row in sorted(r["host_transfers"].items()):
+    lines.append(f"  host transfers {key:<29}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
+  lines += [
+    "",
+    f"  host syncs per step: {r['host_syncs_per_step']:,.0f}, at most {r['host_syncs_per_step_at_most']:,.0f} "
+    f"when every branch runs ({r['conditionals']} conditionals, "
+    f"{r['conditionals_in_command_buffers']} in command buffers; {r['while_loops']} while loops, "
+    f"{r['unknown_trip_while_loops']} of unknown trip count)",
+    "  GEMMs per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["gemms"].items())),
+  ]
+  lines += [f"  substituted: {s}" for s in r["substitutions"]]
+  lines.append(f"  note: {r['note']}")
+  return "\n".join(lines)

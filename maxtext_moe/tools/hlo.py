@@ -1,0 +1,239 @@
+"""What a compiled XLA program does per step, read from its optimized HLO text (`compiled.as_text()`).
+
+Hand-written because no library reads XLA's HLO text from Python (jax exposes the text, not the module).
+It parses computations and instructions, walks the call graph from ENTRY with each computation's
+executions per step (a while body runs its `known_trip_count` times; a conditional's branches at most once
+per execution of the conditional; fusion bodies are one kernel, not walked), and reports:
+
+- collectives by kind: executions per step, bytes per step (the result's size), group size, async or not;
+- host transfers: copies into or out of host memory (memory space S(5)), executions and bytes;
+- conditionals and loops: a `conditional` outside a command buffer and a `while` without a known trip count
+  are host syncs on XLA:GPU (the predicate is copied to the host and the host waits for the stream), each
+  time they run;
+- GEMMs by kind: cuBLAS custom calls, Triton GEMM fusions, TE's grouped GEMM, Mosaic/Pallas kernels, plain
+  dot fusions.
+
+Shape legend: none (text in, counts out).
+"""
+
+import dataclasses
+import re
+from collections import defaultdict
+from typing import Any
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4}
+_BYTES |= {"s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1, "u4": 1, "token": 0}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
+_COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) [^{]*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
+_CALLS = re.compile(r"(to_apply|calls|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+COLLECTIVES = (
+  "all-gather",
+  "all-reduce",
+  "reduce-scatter",
+  "all-to-all",
+  "ragged-all-to-all",
+  "collective-permute",
+  "collective-broadcast",
+)
+HOST_MEMORY_SPACE = "S(5)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+  name: str
+  opcode: str
+  shape: str
+  rest: str  # operands and attributes
+
+
+def array_bytes(shape: str) -> int:
+  """Bytes of every array in an HLO shape (a tuple's elements added), e.g. 'bf16[4,8]{1,0}' -> 64."""
+  total = 0
+  for dtype, dims, _ in _ARRAY.findall(shape):
+    n = 1
+    for d in (int(x) for x in dims.split(",") if x):
+      n *= d
+    total += n * _BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
+  return total
+
+
+def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
+  """({computation: its instructions}, the ENTRY computation's name)."""
+  comps: dict[str, list[Instr]] = {}
+  entry, current = "", None
+  for line in text.splitlines():
+    if current is None:
+      m = _COMP.match(line)
+      if m:
+        current = m.group(2)
+        comps[current] = []
+        entry = current if m.group(1) else entry
+      continue
+    if line.startswith("}"):
+      current = None
+      continue
+    m = _INSTR.match(line)
+    if m:
+      comps[current].append(Instr(m.group(2), m.group(4), m.group(3), m.group(5)))
+  return comps, entry
+
+
+def _callees(ins: Instr) -> list[tuple[str, str]]:
+  """(kind, computation) this instruction calls."""
+  out = [(k, c) for k, c in _CALLS.findall(ins.rest)]
+  for group in _BRANCHES.findall(ins.rest):
+    out += [("branch", c.strip().lstrip("%")) for c in group.split(",") if c.strip()]
+  return out
+
+
+@dataclasses.dataclass
+class CallGraph:
+  """Per computation: executions per step, whether it runs inside a command buffer, and whether only
+  through a conditional's branch (so only when that branch is taken)."""
+
+  runs: dict[str, float]
+  buffered: dict[str, bool]
+  in_branch: dict[str, bool]
+
+
+def executions(comps: dict[str, list[Instr]], entry: str) -> CallGraph:
+  """The call graph from ENTRY. Fusion bodies and reductions' `to_apply` are not kernels of their own and are
+  left out; a branch counts as running every time its conditional does (an upper bound)."""
+  graph = CallGraph(defaultdict(float), {}, {})
+  stack = [(entry, 1.0, False, False)]
+  while stack:
+    comp, n, buffered, branch = stack.pop()
+    graph.runs[comp] += n
+    graph.buffered[comp] = graph.buffered.get(comp, False) or buffered
+    graph.in_branch[comp] = graph.in_branch.get(comp, True) and branch
+    for ins in comps.get(comp, []):
+      trip = _TRIP.search(ins.rest)
+      for kind, callee in _callees(ins):
+        if kind == "to_apply" and ins.opcode != "call" or (kind == "calls" and ins.opcode == "fusion"):
+          continue
+        times = n * (int(trip.group(1)) if trip and kind == "body" else 1)
+        inside = buffered or "command_buffer" in callee or "command_buffer" in ins.name
+        stack.append((callee, times, inside, branch or ins.opcode == "conditional"))
+  return graph
+
+
+def group_size(rest: str, num_devices: int) -> int:
+  """Devices in each replica group of a collective (all of them when it names none)."""
+  if m := _GROUPS_IOTA.search(rest):
+    return int(m.group(2))
+  if m := _GROUPS_LIST.search(rest):
+    return len([x for x in m.group(1).split(",") if x])
+  if m := _GROUPS_MESH.search(rest):
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+    size = 1
+    for axis in re.findall(r"'(\w+)'", m.group(2)):
+      size *= int(sizes.get(axis, 1))
+    return size
+  return num_devices
+
+
+def _collective(ins: Instr) -> str | None:
+  base = ins.opcode.removesuffix("-start")
+  if base in COLLECTIVES:
+    return base
+  return None
+
+
+def _gemm_kind(ins: Instr) -> str | None:
+  if ins.opcode == "custom-call":
+    target = (_TARGET.search(ins.rest) or [None, ""])[1]
+    if "cublas" in target:
+      return "cublas"
+    if "te_grouped_gemm" in target or "grouped_gemm" in target:
+      return "te_grouped_gemm"
+    if "mosaic" in target:
+      return "mosaic_gpu"
+    if "triton" in target:
+      return "pallas_triton"
+    if "cudnn" in target:
+      return "cudnn"
+    return None
+  if ins.opcode == "fusion" and "__triton" in ins.rest and ("gemm" in ins.rest or "dot" in ins.name):
+    return "triton_gemm"
+  if ins.opcode in ("dot", "convolution"):
+    return "dot"
+  return None
+
+
+def _on_host(shape: str) -> bool:
+  return HOST_MEMORY_SPACE in shape
+
+
+_OPERANDS = re.compile(r"%([\w.\-]+)")
+
+
+def _host_direction(ins: Instr, shapes: dict[str, str]) -> str | None:
+  """'to_host' / 'from_host' for a data movement between device and host memory, else None."""
+  if ins.opcode not in ("copy-start", "copy", "dynamic-update-slice", "dynamic-slice", "fusion", "bitcast"):
+    return None
+  operand_text = ins.rest.split("),")[0]
+  from_host = any(_on_host(shapes.get(n, "")) for n in _OPERANDS.findall(operand_text))
+  to_host = _on_host(ins.shape.split(")")[0] if ins.opcode == "copy-start" else ins.shape)
+  if ins.opcode == "bitcast" or to_host == from_host:
+    return None
+  return "to_host" if to_host else "from_host"
+
+
+def _add(table: dict, key: str, *, runs: float, nbytes: int, **extra: Any) -> None:
+  row = table.setdefault(key, {"count": 0.0, "bytes": 0.0, **extra})
+  row["count"] += runs
+  row["bytes"] += runs * nbytes
+
+
+def report(text: str, *, num_devices: int) -> dict[str, Any]:
+  """Per-step figures of one device's program (see the module docstring). `host_syncs_per_step` counts the
+  host syncs that run whatever the data (conditionals and unknown-trip loops outside any conditional's
+  branch); `host_syncs_per_step_at_most` also those inside branches, as if every branch were taken."""
+  comps, entry = parse(text)
+  graph = executions(comps, entry)
+  collectives: dict[str, dict] = {}
+  host: dict[str, dict] = {}
+  gemms: dict[str, float] = defaultdict(float)
+  out = {"conditionals": 0, "conditionals_in_command_buffers": 0, "while_loops": 0, "unknown_trip_while_loops": 0}
+  out |= {"host_syncs_per_step": 0.0, "host_syncs_per_step_at_most": 0.0}
+  for comp, instrs in comps.items():
+    n = graph.runs.get(comp, 0.0)
+    if not n:
+      continue
+    shapes = {i.name: i.shape for i in instrs}
+    for ins in instrs:
+      if kind := _collective(ins):
+        size = group_size(ins.rest, num_devices)
+        is_async = ins.opcode.endswith("-start") or '"is_sync":false' in ins.rest
+        key = f"{kind} x{size}{' async' if is_async else ''}"
+        _add(collectives, key, runs=n, nbytes=array_bytes(ins.shape), kind=kind, group_size=size, is_async=is_async)
+      if direction := _host_direction(ins, shapes):
+        _add(host, direction, runs=n, nbytes=array_bytes(ins.shape.split(")")[0]))
+      if gemm := _gemm_kind(ins):
+        gemms[gemm] += n
+      syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))
+      out["host_syncs_per_step_at_most"] += n * syncs
+      out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
+  return {"collectives": collectives, "host_transfers": host, "gemms": dict(gemms), **out}
+
+
+def _syncs(ins: Instr, out: dict[str, Any], *, buffered: bool) -> int:
+  """Host syncs one execution of `ins` costs (counting the op kinds into `out`): a conditional outside a
+  command buffer one, a while loop without a known trip count at least one."""
+  if ins.opcode == "conditional":
+    out["conditionals"] += 1
+    out["conditionals_in_command_buffers"] += int(buffered)
+    return 0 if buffered else 1
+  if ins.opcode == "while":
+    out["while_loops"] += 1
+    unknown = not _TRIP.search(ins.rest)
+    out["unknown_trip_while_loops"] += int(unknown)
+    return int(unknown)
+  return 0
