@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # Sets up .venv with pinned dependencies and installs maxtext-moe in editable mode.
 #   ./setup.sh          runtime (CPU jax, maxtext, the plugin)
-#   ./setup.sh --dev    plus test and lint tools
-#   ./setup.sh --gpu    plus CUDA jax and Transformer Engine (needs CUDA 12; not run in CI)
+#   ./setup.sh --dev          plus test and lint tools and XLA:GPU's compiler (--gpu-compile)
+#   ./setup.sh --gpu-compile  plus XLA:GPU's compiler for `maxtext-moe compile` (no GPU needed)
+#   ./setup.sh --gpu          plus CUDA jax and Transformer Engine (needs CUDA 12; not run in CI)
 # Idempotent: a second run with the same requirements and flags installs nothing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 dev=0
 gpu=0
+compile=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1 ;;
+    --dev) dev=1 compile=1 ;;
+    --gpu-compile) compile=1 ;;
     --gpu) gpu=1 ;;
     -h | --help)
-      sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "setup.sh: unknown option '$arg' (use --dev, --gpu or --help)" >&2
+      echo "setup.sh: unknown option '$arg' (use --dev, --gpu-compile, --gpu or --help)" >&2
       exit 2
       ;;
   esac
@@ -50,8 +53,9 @@ fi
 
 reqs=(requirements.txt)
 [ "$dev" = 1 ] && reqs+=(requirements-dev.txt)
+[ "$compile" = 1 ] && [ "$gpu" = 0 ] && reqs+=(requirements-gpu-compile.txt)
 [ "$gpu" = 1 ] && reqs+=(requirements-gpu.txt)
-stamp=".venv/.maxtext-moe-installed-$(cat "${reqs[@]}" constraints.txt pyproject.toml | sha256sum | cut -c1-16)-d${dev}g${gpu}"
+stamp=".venv/.maxtext-moe-installed-$(cat "${reqs[@]}" constraints.txt pyproject.toml | sha256sum | cut -c1-16)-d${dev}c${compile}g${gpu}"
 if [ -f "$stamp" ]; then
   echo "setup.sh: .venv is up to date"
   exit 0

@@ -25,14 +25,23 @@ CASES: dict[str, tuple[str, list[str]]] = {
   "tiny fsdp=8": ("cpu/deepseek3-tiny", []),
   "tiny ep=4 fsdp=2": ("cpu/deepseek3-tiny", ["ici_expert_parallelism=4", "ici_fsdp_parallelism=2"]),
   "tiny offload=optimizer": ("cpu/deepseek3-tiny", ["offload=optimizer"]),
-  "proxy-16b ep=8 4x4096": ("h200x8/deepseek3-proxy-16b", ["hardware=cpu"]),
+  "proxy-16b ep=8 4x4096": ("h200x8/deepseek3-proxy-16b", ["hardware=cpu", "attention=dot_product"]),
   "proxy-16b ep=8 1x1024": (
     "h200x8/deepseek3-proxy-16b",
-    ["hardware=cpu", "per_device_batch_size=1", "max_target_length=1024"],
+    ["hardware=cpu", "attention=dot_product", "per_device_batch_size=1", "max_target_length=1024"],
   ),
 }
 QUICK = ("tiny fsdp=8", "tiny ep=4 fsdp=2")
 DEVICES = 8
+# `--gpu`: at least one recipe of every GPU model we ship, at full size, compiled by XLA:GPU for its GPUs.
+GPU_CASES: dict[str, tuple[str, list[str]]] = {
+  "h100x8 mixtral-8x7b": ("h100x8/mixtral-8x7b", []),
+  "h200x8 deepseek3-proxy-16b": ("h200x8/deepseek3-proxy-16b", []),
+  "h200x8 qwen3-30b-a3b": ("h200x8/qwen3-30b-a3b", []),
+  "b200x8 deepseek3-proxy-16b": ("b200x8/deepseek3-proxy-16b", []),
+  "gb200-nvl72 deepseek3-671b": ("gb200-nvl72/deepseek3-671b", []),
+  "gb300x1024 deepseek3-671b": ("gb300x1024/deepseek3-671b", []),
+}
 
 
 def xla_memory(recipe: str, overrides: list[str], *, devices: int = DEVICES) -> dict[str, int]:
@@ -72,6 +81,43 @@ def compare(name: str, *, devices: int = DEVICES) -> dict[str, Any]:
     "xla_host_bytes": xla_host,
     "compile_s": compile_s,
   }
+
+
+def gpu_compile(recipe: str, overrides: list[str]) -> dict[str, Any]:
+  """`maxtext-moe compile RECIPE --json` in a child process (its own flag environment and backends)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  cmd = [sys.executable, "-m", "maxtext_moe", "compile", recipe, *overrides, "--json"]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+  if not lines:
+    raise RuntimeError(f"compile {recipe} {overrides} failed:\n{proc.stderr[-3000:]}")
+  return json.loads(lines[-1])
+
+
+def run_gpu(*, out: IO[str], as_json: bool = False, only: str | None = None) -> dict[str, Any]:
+  """The planner against XLA:GPU at full size for every GPU model (`GPU_CASES`), a table and the JSON."""
+  from rich.table import Table
+
+  names = [n for n in GPU_CASES if only is None or only in n]
+  cases = {name: gpu_compile(*GPU_CASES[name]) for name in names}
+  result = {"cases": cases, "max_rel_error": max(abs(c["rel_error"]) for c in cases.values())}
+  table = Table(title="Planner vs XLA:GPU memory per GPU (compiled without a GPU; kernels not autotuned)")
+  for col in ("case", "GPUs", "XLA:GPU GiB", "planner GiB", "rel. error", "fits (XLA / planner)", "host syncs"):
+    table.add_column(col, justify="left" if col == "case" else "right")
+  gib = 2**30
+  for name, c in cases.items():
+    table.add_row(
+      name,
+      str(c["devices"]),
+      f"{c['device_bytes'] / gib:.1f}",
+      f"{c['planner_device_bytes'] / gib:.1f}",
+      f"{c['rel_error']:+.1%}",
+      f"{c['fits']} / {c['planner']['fits']}",
+      f"{c['host_syncs_per_step']:,.0f}",
+    )
+  table.add_row("max |rel. error|", "", "", "", f"{result['max_rel_error']:.1%}", "", "")
+  emit(table, result, as_json=as_json, out=out)
+  return result
 
 
 def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str, Any]:

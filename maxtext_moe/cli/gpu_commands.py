@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import logging
+import os
 from pathlib import Path
 from typing import IO
 
@@ -16,6 +18,9 @@ def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
   recipe, overrides = split_recipe(ns.args)
   if recipe is None:
     raise UserError("compile needs a GPU RECIPE (see 'maxtext-moe recipes')")
+  if not ns.verbose:  # XLA's and tokamax's notes about autotuning that cannot happen without a GPU
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    logging.getLogger("absl").setLevel(logging.ERROR)
   report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=Path(ns.hlo) if ns.hlo else None)
   print(json.dumps(report) if ns.json else format_report(report), file=out)
   return 0 if report["fits"] else 1

@@ -29,7 +29,10 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.which == "plan":
     from maxtext_moe.bench import plan_accuracy
 
-    plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
+    if ns.gpu is not None:
+      plan_accuracy.run_gpu(out=out, as_json=ns.json, only=ns.gpu or None)
+    else:
+      plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
   elif ns.which == "convert":
     from maxtext_moe.bench import convert_speed
 
@@ -215,6 +218,14 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
   )
   p.add_argument("which", choices=["moe", "convert", "plan"], help="which benchmark")
   p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases")
+  p.add_argument(
+    "--gpu",
+    nargs="?",
+    const="",
+    metavar="CASE",
+    help="plan: against XLA:GPU at full size, one recipe of every GPU model (compiled without a GPU; minutes "
+    "each; CASE: only the cases whose name contains it)",
+  )
   p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
   p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
   concrete = [b.value for b in GemmBackend if b != GemmBackend.AUTO]

@@ -68,6 +68,11 @@ def check_moe_path(cfg: Any) -> None:
 
   if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
     raise UserError(f"te_moe_block=true needs Transformer Engine, which does not import here: {te.status().reason}")
+  if str(cfg.attention) == "cudnn_flash_te" and not te.status().available:
+    raise UserError(
+      f"attention=cudnn_flash_te needs Transformer Engine, which does not import here ({te.status().reason}); "
+      "run in the image, or set attention=dot_product"
+    )
   if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
     return
   dispatch, gemm = moe_layer.resolved_kinds(cfg)

@@ -258,3 +258,34 @@ def routed_rows(
     cap = capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
     return num_ranks * cap * top_k
   return num_tokens * num_ranks * top_k
+
+
+def received_rows(
+  kind: DispatchKind | str,
+  num_tokens: int,
+  top_k: int,
+  *,
+  num_ranks: int,
+  capacity_factor: float,
+  buffers: BufferMode | str,
+  buffer_factor: float = DEFAULT_BUFFER_FACTOR,
+  num_experts: int,
+) -> int:
+  """Rows of the exchange's receive buffer on one device (the tokens, before their expansion to (row,
+  expert) pairs): bounded P x min(G, T) per round; all_to_all P x capacity; ragged_all_to_all T x P; none
+  for local and te_ep (whose receive buffer is the grouped GEMM's own, `routed_rows`).
+
+  Example: received_rows("all_to_all", 1024, 8, num_ranks=8, capacity_factor=0, buffers="bounded",
+    num_experts=64) -> 8 x min(1536, 1024) = 8192.
+  """
+  kind = DispatchKind(kind)
+  if kind in (DispatchKind.LOCAL, DispatchKind.TE_EP):
+    return 0
+  if runs_in_rounds(kind, buffers):
+    g = round_budget(
+      num_tokens, top_k, num_ranks=num_ranks, buffer_factor=buffer_factor, local_experts=num_experts // num_ranks
+    )
+    return num_ranks * min(g, num_tokens)
+  if kind == DispatchKind.ALL_TO_ALL:
+    return num_ranks * capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
+  return num_tokens * num_ranks

@@ -13,21 +13,20 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                scanned backward (seen in XLA's buffer assignment; MaxText's param_scan_axis=0 avoids it)
   saved        what the remat policy keeps per layer: the layer input (T x D) under `full`; on the host when
                the offload preset offloads it
-  peak         the larger of two phases:
-                 loss     4 float32 T x V logits-sized buffers (logits, softmax, their gradient, the one-hot
-                          scatter), + one T x V copy in a narrower compute dtype
-                 layer    the backward of one MoE layer while 2 of those logits buffers are still live:
-                            MoE rows R (see below) x (D x (4 + 4 x dtype bytes) + F x 6 x dtype bytes)
-                            + attention: 4 x B x H x L x L scores for dot-product attention; for flash,
-                              4 x T x H x (qk + v head dims)
+  peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
+               (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
+                 loss     float32 and compute-dtype T x V logits-sized buffers
+                 layer    the backward of one MoE layer while some logits-sized buffers are still live:
+                            MoE: R routed rows x D and x F, S received rows x D
+                            + attention: B x H x L x L scores (and masks) for dot-product attention; for
+                              flash, 4 x T x H x (qk + v head dims)
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
                  with moe_buffers=bounded (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
                  G = ceil(factor x T x K / EP): extra rounds cost time, not memory
 
-The copy counts (4 logits buffers, 2 live in the layer phase, the MoE row buffers) were read off XLA's
-buffer assignment for the tiny and 16B-proxy train steps (`--xla_dump_hlo_as_text`, the peak's live set);
-`maxtext-moe bench plan` checks the whole estimate against XLA's compiled `memory_analysis()` on CPU.
+`maxtext-moe bench plan` checks the whole estimate against XLA:CPU's compiled `memory_analysis()`, and
+`bench plan --gpu` against XLA:GPU's for every GPU model we ship.
 """
 
 import dataclasses
@@ -39,7 +38,8 @@ import numpy as np
 
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe.settings import routed_rows
+from maxtext_moe.moe.settings import received_rows, routed_rows
+from maxtext_moe.planner import xla_buffers
 
 GIB = 2**30
 
@@ -127,18 +127,15 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[in
   return device, host
 
 
-def moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> int:
-  """Rows of the routed-expert buffers on one device (`moe.settings.routed_rows`)."""
-  return routed_rows(
-    dispatch,
-    tokens,
-    int(cfg.num_experts_per_tok),
-    num_ranks=ep,
-    capacity_factor=float(cfg.moe_capacity_factor),
-    buffers=cfg.moe_buffers,
-    buffer_factor=float(cfg.moe_buffer_factor),
-    num_experts=int(cfg.num_experts),
-  )
+def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
+  """(routed rows handed to the grouped GEMM, rows of the exchange's receive buffer) on one device
+  (`moe.settings.routed_rows`, `received_rows`); (0, 0) without experts."""
+  if int(cfg.num_experts) <= 1:
+    return 0, 0
+  args = (dispatch, tokens, int(cfg.num_experts_per_tok))
+  kw = {"num_ranks": ep, "capacity_factor": float(cfg.moe_capacity_factor), "buffers": cfg.moe_buffers}
+  kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": int(cfg.num_experts)}
+  return routed_rows(*args, **kw), received_rows(*args, **kw)
 
 
 def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> tuple[int, int, int, int]:
@@ -158,14 +155,15 @@ def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> 
   return param_elems * w_b, param_elems * mu_b * opt_slots, param_elems * g_b, scan_copy
 
 
-def _attention_bytes(cfg: Any, tokens: int, d_b: int) -> int:
+def _attention_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -> int:
   """The attention backward's buffers: L x L scores for dot-product attention, q/k/v/out for flash."""
   seq, heads = int(cfg.max_target_length), int(cfg.num_query_heads)
   dot_product = str(cfg.attention) == "dot_product" or (
     str(cfg.attention) == "autoselected" and str(cfg.hardware) == "cpu"
   )
-  if dot_product:  # the B x H x L x L scores, 4 copies (scores, softmax and their gradients)
-    return 4 * max(tokens // seq, 1) * heads * seq * seq * d_b
+  if dot_product:  # the B x H x L x L scores (and their gradient), and the masks
+    scores = max(tokens // seq, 1) * heads * seq * seq
+    return scores * (copies.scores_narrow * d_b + copies.scores_mask)
   mla = str(cfg.attention_type) == "mla"
   qk_dim = int(getattr(cfg, "qk_nope_head_dim", 0) or 0) + int(getattr(cfg, "qk_rope_head_dim", 0) or 0)
   qk_dim = qk_dim if mla else int(cfg.head_dim)
@@ -191,13 +189,16 @@ def estimate(
 
   batch_shards = math.prod(sizes.get(a, 1) for a in mesh_axes_of(("activation_batch",), rules)[0])
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
-  rows = moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch) if int(cfg.num_experts) > 1 else 0
+  copies = xla_buffers.for_hardware(cfg.hardware)
+  rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
   emb, ffn, vocab = int(cfg.emb_dim), int(cfg.moe_mlp_dim), int(cfg.vocab_size)
-  moe_dispatch = rows * (emb * (4 + 4 * d_b) + ffn * 6 * d_b)
-  attention = _attention_bytes(cfg, tokens, d_b)
-  logits = tokens * vocab * 4
-  logits_phase = 4 * logits + (tokens * vocab * d_b if d_b < 4 else 0)
-  layer_phase = 2 * logits + moe_dispatch + attention
+  per_row = emb * (copies.rows_f32_by_d * 4 + copies.rows_narrow_by_d * d_b) + ffn * copies.rows_narrow_by_f * d_b
+  moe_dispatch = rows * per_row + received * emb * copies.received_narrow_by_d * d_b
+  attention = _attention_bytes(cfg, tokens, d_b, copies)
+  narrow = d_b if d_b < 4 else 0
+  logits_phase = tokens * vocab * (copies.loss_f32_logits * 4 + copies.loss_narrow_logits * narrow)
+  layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits * narrow)
+  layer_phase += moe_dispatch + attention
 
   layers = int(cfg.num_decoder_layers) + int(getattr(cfg, "mtp_num_layers", 0) or 0)
   saved_dev, saved_host = _saved_per_layer(cfg, tokens, d_b, rows)

@@ -81,9 +81,11 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
   return extra, said
 
 
-def _resolve(name: str | None, overrides: list[str], target: Target, extra: list[str]) -> tuple[Any, Any]:
+def _resolve(
+  name: str | None, overrides: list[str], target: Target, extra: list[str], dump_to: Path | None
+) -> tuple[Any, Any]:
   """(the recipe read with the compile's overrides, its resolved HyperParameters), the flag environment in
-  effect first."""
+  effect first (with XLA's dump of the train step into `dump_to`)."""
   from maxtext_moe.launch import environment  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
@@ -91,6 +93,9 @@ def _resolve(name: str | None, overrides: list[str], target: Target, extra: list
   deviceless = ["skip_jax_distributed_system=true", "internal_compile=true"]
   deviceless += [f"internal_compile_num_devices={target.devices}", f"recipe_num_devices={target.devices}"]
   recipe = recipes.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
+  if dump_to is not None:
+    dump = [f"--xla_dump_to={dump_to}", "--xla_dump_hlo_as_text=true", "--xla_dump_hlo_module_re=jit_train_step"]
+    recipe.flags.add_flags(dump)
   flags.probe(recipe.flags.xla_flags)
   os.environ["JAX_PLATFORMS"] = "cpu"  # the compile-only GPU devices come from the plugin, not a backend
   environment.apply(recipe.flags)
@@ -109,7 +114,7 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   first = recipes.read(name, overrides, keep_process_flags=False)
   target = target_of(first.keys)
   extra, said = substitutions(first, te_available=te.status().available)
-  recipe, cfg = _resolve(name, overrides, target, extra)
+  recipe, cfg = _resolve(name, overrides, target, extra, hlo_dir / "xla" if hlo_dir else None)
   devices = upstream_compile.gpu_topology(
     hardware.target_config(target.gpu), partitions=1, hosts_per_partition=target.devices, devices_per_host=1
   )
@@ -121,5 +126,8 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   report["planner"] = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   compile_report.compare(report)
   if hlo_dir is not None:
+    from maxtext_moe.tools.peak import peak_live_set  # pylint: disable=import-outside-toplevel
+
+    report["peak"] = peak_live_set(hlo_dir / "xla")
     compile_report.keep(report, compiled.as_text(), hlo_dir)
   return report

@@ -120,6 +120,9 @@ def format_report(r: dict[str, Any]) -> str:
     f"{r['unknown_trip_while_loops']} of unknown trip count)",
     "  GEMMs per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["gemms"].items())),
   ]
+  if "peak" in r:
+    lines.append(f"  live at the temporaries' peak ({_gib(r['peak']['peak_bytes'])} GiB), largest first:")
+    lines += [f"    {_gib(n):>8} GiB  {shape}  {name}" for name, shape, n in r["peak"]["values"][:12]]
   lines += [f"  substituted: {s}" for s in r["substitutions"]]
   lines.append(f"  note: {r['note']}")
   return "\n".join(lines)

@@ -5,7 +5,8 @@ It parses computations and instructions, walks the call graph from ENTRY with ea
 executions per step (a while body runs its `known_trip_count` times; a conditional's branches at most once
 per execution of the conditional; fusion bodies are one kernel, not walked), and reports:
 
-- collectives by kind: executions per step, bytes per step (the result's size), group size, async or not;
+- collectives by kind: executions per step, bytes per step (the result's size), group size, async or not,
+  and whether inside a conditional's branch (then counted as if the branch ran every time);
 - host transfers: copies into or out of host memory (memory space S(5)), executions and bytes;
 - conditionals and loops: a `conditional` outside a command buffer and a `while` without a known trip count
   are host syncs on XLA:GPU (the predicate is copied to the host and the host waits for the stream), each
@@ -180,10 +181,18 @@ def _host_direction(ins: Instr, shapes: dict[str, str]) -> str | None:
     return None
   operand_text = ins.rest.split("),")[0]
   from_host = any(_on_host(shapes.get(n, "")) for n in _OPERANDS.findall(operand_text))
-  to_host = _on_host(ins.shape.split(")")[0] if ins.opcode == "copy-start" else ins.shape)
+  to_host = _on_host(_moved(ins))
   if ins.opcode == "bitcast" or to_host == from_host:
     return None
   return "to_host" if to_host else "from_host"
+
+
+def _moved(ins: Instr) -> str:
+  """The shape of what a data movement writes: a copy-start's first tuple element (its destination)."""
+  if ins.opcode == "copy-start":
+    first = _ARRAY.search(ins.shape)
+    return first.group(0) if first else ""
+  return ins.shape
 
 
 def _add(table: dict, key: str, *, runs: float, nbytes: int, **extra: Any) -> None:
@@ -212,10 +221,10 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
       if kind := _collective(ins):
         size = group_size(ins.rest, num_devices)
         is_async = ins.opcode.endswith("-start") or '"is_sync":false' in ins.rest
-        key = f"{kind} x{size}{' async' if is_async else ''}"
+        key = f"{kind} x{size}{' async' if is_async else ''}{' (in a branch)' if graph.in_branch.get(comp) else ''}"
         _add(collectives, key, runs=n, nbytes=array_bytes(ins.shape), kind=kind, group_size=size, is_async=is_async)
       if direction := _host_direction(ins, shapes):
-        _add(host, direction, runs=n, nbytes=array_bytes(ins.shape.split(")")[0]))
+        _add(host, direction, runs=n, nbytes=array_bytes(_moved(ins)))
       if gemm := _gemm_kind(ins):
         gemms[gemm] += n
       syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))

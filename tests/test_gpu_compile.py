@@ -1,0 +1,180 @@
+"""XLA:GPU without a GPU: the hardware table's target configs, the train state of the flagship recipe built
+at its full device count, one whole GPU recipe's step compiled and read, and a CPU machine that has the
+plugin staying quiet. Full-size compiles of every GPU recipe are `bench plan --gpu`, not tests."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_cli
+from maxtext_moe.config import hardware
+from maxtext_moe.tools import hlo
+from maxtext_moe.tools.compile import plugin_installed
+
+needs_plugin = pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
+
+
+def _quiet_env() -> dict[str, str]:
+  """A user's environment on a CPU machine: no JAX_PLATFORMS (the tests' conftest sets one)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  return env | {"PYTHONUNBUFFERED": "1"}
+
+
+@needs_plugin
+def test_every_gpu_model_of_the_table_gives_compile_only_devices():
+  code = (
+    "import os; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+    "from maxtext_moe.config import hardware\n"
+    "from maxtext_moe.upstream.compile import gpu_topology\n"
+    "for name, gpu in hardware.GPUS.items():\n"
+    "  d = gpu_topology(hardware.target_config(gpu), partitions=1, hosts_per_partition=2, devices_per_host=1)\n"
+    "  print(name, len(d), d[0].device_kind, getattr(d[0], 'compute_capability', ''))\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+  for name, gpu in hardware.GPUS.items():
+    assert lines[name].startswith(f"2 {gpu.product}"), lines
+
+
+def test_hlo_reader_counts_per_step_on_a_worked_example():
+  """A while loop of 4 known trips holding an all-to-all and a conditional, one host copy at the top."""
+  text = """
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %a2a = f32[8]{0} all-to-all(%x), replica_groups=[2,4]<=[8], dimensions={0}
+  %c = f32[8]{0} conditional(%i, %a2a, %a2a), branch_computations={%b0, %b1}
+  ROOT %t = (s32[], f32[8]) tuple(%i, %c)
+}
+%b0 (q: f32[8]) -> f32[8] {
+  ROOT %q = f32[8]{0} parameter(0)
+}
+%b1 (q: f32[8]) -> f32[8] {
+  %q = f32[8]{0} parameter(0)
+  ROOT %w = f32[8]{0} while(%q), condition=%cond, body=%inner
+}
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %h = (f32[8]{0:S(5)}, f32[8]{0}, u32[]) copy-start(%x)
+  %l = (s32[], f32[8]) while(%t0), condition=%c0, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+  ROOT %r = f32[8]{0} copy(%x)
+}
+"""
+  r = hlo.report(text, num_devices=8)
+  assert r["collectives"] == {
+    "all-to-all x4": {"count": 4.0, "bytes": 128.0, "kind": "all-to-all", "group_size": 4, "is_async": False}
+  }
+  assert r["conditionals"] == 1 and r["host_syncs_per_step"] == 4  # one per trip of the loop
+  assert r["unknown_trip_while_loops"] == 1 and r["host_syncs_per_step_at_most"] == 8  # + the branch's loop
+  assert r["host_transfers"] == {"to_host": {"count": 1.0, "bytes": 32.0}}
+
+
+@needs_plugin
+def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
+  """Our divisibility check against JAX's own: the 671B's train state built with MaxText's shardings on 72
+  (then 64) compile-only GB200s. At 72 JAX raises IndivisibleError and `plan` refuses in one line with the
+  layout that divides; at 64 (the recipe) both build."""
+  plan = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "recipe_num_devices=72", "ici_fsdp_parallelism=9"], cwd=REPO)
+  assert plan.returncode == 2, plan.stderr[-2000:]
+  line = plan.stderr.strip().splitlines()[-1]
+  assert "dimension 0 (7168) does not split 72 ways over mesh axes ('fsdp', 'expert')" in line, line
+  assert (
+    "the nearest layout that divides: ici_expert_parallelism=8 ici_fsdp_parallelism=8 recipe_num_devices=64" in line
+  )
+  code = (
+    "import os, sys; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+    "from maxtext_moe.tools import compile as c\n"
+    "from maxtext_moe.upstream import compile as uc, recipe, config\n"
+    "from maxtext_moe.config import hardware\n"
+    "from maxtext_moe.upstream.patches import Patch, installed\n"
+    "from maxtext.trainers.pre_train import train_compile\n"
+    "from maxtext.utils import maxtext_utils\n"
+    "n, fsdp = int(sys.argv[1]), sys.argv[2]\n"
+    "r = recipe.read('gb200-nvl72/deepseek3-671b', [f'recipe_num_devices={n}', f'ici_fsdp_parallelism={fsdp}',\n"
+    "  'skip_jax_distributed_system=true', 'internal_compile=true', f'internal_compile_num_devices={n}'])\n"
+    "cfg = config.hyperparameters(r.resolve())\n"
+    "target = hardware.target_config(hardware.GPUS['gb200'])\n"
+    "devs = uc.gpu_topology(target, partitions=1, hosts_per_partition=n, devices_per_host=1)\n"
+    "mesh = uc.topology_mesh(cfg, devs, devices_per_partition=n)\n"
+    "try:\n"
+    "  with installed(uc.model_patches()), uc._on(mesh):\n"
+    "    train_compile.get_shaped_inputs(mesh, cfg)\n"
+    "  print('built')\n"
+    "except Exception as e:\n"
+    "  print(type(e).__name__)\n"
+  )
+  got = {}
+  for n, fsdp in ((72, "9"), (64, "8")):
+    r = subprocess.run(
+      [sys.executable, "-c", code, str(n), fsdp], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    got[n] = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
+  assert got == {72: "IndivisibleError", 64: "built"}
+
+
+@pytest.mark.slow
+@needs_plugin
+def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(tmp_path):
+  """The one XLA:GPU compile of the suite: the 671B recipe at its full 64 GB200s (EP=8 x FSDP=8, optimizer on
+  the host), two layers, through the real command. Its program has the all-to-all of the expert axis, the
+  FSDP gathers, host transfers for the offloaded optimizer, no host sync outside the bounded rounds' one
+  conditional per MoE layer and pass, and memory within 10% of the planner's."""
+  args = ["compile", "gb200-nvl72/deepseek3-671b", "base_num_decoder_layers=2", "first_num_dense_layers=1"]
+  args += ["mtp_num_layers=0", "per_device_batch_size=1", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
+  r = subprocess.run(
+    [sys.executable, "-m", "maxtext_moe", *args],
+    cwd=tmp_path,
+    env=_quiet_env(),
+    capture_output=True,
+    text=True,
+    timeout=1500,
+    check=False,
+  )
+  assert r.returncode == 0, r.stderr[-4000:]
+  report = json.loads(r.stdout.strip().splitlines()[-1])
+  assert report["platform"] == "cuda" and report["gpu"] == "gb200" and report["devices"] == 64
+  assert report["layout"] == {"fsdp": 8, "expert": 8}
+  kinds = {(row["kind"], row["group_size"]) for row in report["collectives"].values()}
+  assert ("all-to-all", 8) in kinds, report["collectives"]
+  assert ("all-gather", 8) in kinds or ("all-gather", 64) in kinds, report["collectives"]
+  assert report["host_transfer_bytes"] > 0, "offload=optimizer must move state to and from the host"
+  assert report["unknown_trip_while_loops"] == 0
+  assert report["host_syncs_per_step"] <= 3, report  # the bounded rounds' one conditional, fwd + recompute + bwd
+  assert abs(report["rel_error"]) <= 0.10, report
+  assert (tmp_path / "train_step.after_optimizations.txt").stat().st_size > 0
+
+
+@needs_plugin
+def test_compile_refuses_what_it_cannot_compile_in_one_line(tmp_path):
+  r = run_cli(["compile", "cpu/deepseek3-tiny"], cwd=tmp_path)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: cpu recipes run")
+  r = run_cli(["compile"], cwd=tmp_path)
+  assert r.returncode == 2 and "compile needs a GPU RECIPE" in r.stderr
+
+
+@needs_plugin
+def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
+  """The plugin for `compile` beside a CPU-only machine's default run: `train`, `plan` and `doctor` as a user
+  runs them (no JAX_PLATFORMS) print no CUDA traceback or warning."""
+  env = _quiet_env()
+  for args in (
+    ["doctor"],
+    ["plan", "h200x8/deepseek3-proxy-16b"],
+    ["train", "steps=2", "run_name=quiet", "per_device_batch_size=1"],
+  ):
+    r = subprocess.run(
+      [sys.executable, "-m", "maxtext_moe", *args],
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+    )
+    assert r.returncode == 0, (args, r.stderr[-3000:])
+    noise = [line for line in r.stderr.splitlines() if "cuda" in line.lower() or "Traceback" in line or "cuDNN" in line]
+    assert noise == [], (args, noise)
