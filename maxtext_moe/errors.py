@@ -15,3 +15,25 @@ class RunEnded(Exception):
   def __init__(self, message: str, exit_code: int):
     super().__init__(message)
     self.exit_code = exit_code
+
+
+# A write failed because the disk (or the file-size limit, or a quota) is full: nothing written is left
+# looking complete; free space and rerun. EX_IOERR in sysexits.h.
+EXIT_NO_SPACE = 74
+_NO_SPACE = {28: "no space left on device", 27: "file too large", 122: "disk quota exceeded"}
+
+
+def no_space(err: BaseException) -> str | None:
+  """Why `err` (or an exception it was raised from) is a full disk, in words, else None: an OSError with
+  ENOSPC, EFBIG or EDQUOT, or TensorStore's error text for one ("[os_error_code='28']")."""
+  seen: set[int] = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if isinstance(err, OSError) and err.errno in _NO_SPACE:
+      return _NO_SPACE[err.errno]
+    text = str(err)
+    for code, words in _NO_SPACE.items():
+      if f"os_error_code='{code}'" in text or words.lower() in text.lower():
+        return words
+    err = err.__cause__ or err.__context__
+  return None

@@ -53,6 +53,12 @@ def divert_rest(log: Path) -> None:
   os.close(fd)
 
 
+def say(line: str) -> None:
+  """One line to the real standard error, also while fd 2 is diverted."""
+  sys.stderr.flush()
+  os.write(_real_fd if _real_fd is not None else 2, (line + "\n").encode())
+
+
 def last_word(line: str, *, verbose: bool) -> None:
   """Writes `line` to the real standard error as its last line (unless --verbose, what the process
   prints after it goes to /dev/null, or stays in the log fd 2 was diverted to)."""

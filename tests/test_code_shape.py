@@ -18,6 +18,8 @@ LAYERS = {
   "errors": 0,
   "glibc": 0,
   "stderr": 0,
+  "signals": 0,
+  "locks": 0,
   "moe": 1,
   "data": 1,
   "config": 2,

@@ -121,8 +121,8 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
 def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(tmp_path):
   """The one XLA:GPU compile of the suite: the 671B recipe at its full 64 GB200s (EP=8 x FSDP=8, optimizer on
   the host), two layers, through the real command. Its program has the all-to-all of the expert axis, the
-  FSDP gathers, host transfers for the offloaded optimizer, no host sync outside the bounded rounds' one
-  conditional per MoE layer and pass, and memory within 10% of the planner's."""
+  FSDP gathers, no host sync outside the bounded rounds' one conditional per MoE layer and pass, and
+  memory within 10% of the planner's."""
   args = ["compile", "gb200-nvl72/deepseek3-671b", "base_num_decoder_layers=2", "first_num_dense_layers=1"]
   args += ["mtp_num_layers=0", "per_device_batch_size=1", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
   r = subprocess.run(
@@ -141,7 +141,11 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   kinds = {(row["kind"], row["group_size"]) for row in report["collectives"].values()}
   assert ("all-to-all", 8) in kinds, report["collectives"]
   assert ("all-gather", 8) in kinds or ("all-gather", 64) in kinds, report["collectives"]
-  assert report["host_transfer_bytes"] > 0, "offload=optimizer must move state to and from the host"
+  # JAX 0.12 drops pinned_host placements on compile-only devices (they have no host memory space): the
+  # compile says so and counts the planner's offloaded bytes out of `fits`; tests/test_offload.py checks the
+  # placements in the step lowered for CUDA.
+  assert any(s.startswith("offload=optimizer: XLA:GPU's compile-only devices") for s in report["substitutions"])
+  assert report["offloaded_by_planner_bytes"] > 0 and report["fits"]
   assert report["unknown_trip_while_loops"] == 0
   assert report["host_syncs_per_step"] <= 3, report  # the bounded rounds' one conditional, fwd + recompute + bwd
   assert abs(report["rel_error"]) <= 0.10, report

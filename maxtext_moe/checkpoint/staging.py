@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from maxtext_moe import locks
 from maxtext_moe.errors import UserError
 
 
@@ -21,21 +22,25 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
   `out`, on failure removes it. An existing `out` is an error unless `force`, and is only removed after
   success. So `out` is either absent or complete and on disk, even across a power loss."""
   out = Path(out).absolute()
-  if out.exists() and not force:
-    raise UserError(f"output directory {out} already exists; pass --force to replace it")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
+  lock = out.parent / f".{out.name}.lock"
+  locks.acquire(lock, what=f"output directory {out}")
   try:
-    yield tmp
-    _fsync_tree(tmp)
-  except BaseException:
+    if out.exists() and not force:
+      raise UserError(f"output directory {out} already exists; pass --force to replace it")
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  if out.exists():
-    shutil.rmtree(out)
-  tmp.rename(out)
-  _fsync(out.parent)
+    try:
+      yield tmp
+      _fsync_tree(tmp)
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise
+    if out.exists():
+      shutil.rmtree(out)
+    tmp.rename(out)
+    _fsync(out.parent)
+  finally:
+    locks.release(lock)
 
 
 def _fsync(path: Path) -> None:

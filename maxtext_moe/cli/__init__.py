@@ -27,9 +27,10 @@ import sys
 import threading
 import warnings
 
+from maxtext_moe import signals
 from maxtext_moe.cli import data_commands, gpu_commands, run_commands, tool_commands
 from maxtext_moe.cli.output import routed_stdout
-from maxtext_moe.errors import RunEnded, UserError
+from maxtext_moe.errors import EXIT_NO_SPACE, EXIT_RESUMABLE, RunEnded, UserError, no_space
 from maxtext_moe.stderr import last_word
 
 
@@ -70,6 +71,11 @@ def _process_defaults() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
 def _last_word(line: str, verbose: bool) -> None:
   """A one-line error as the last word on standard error (`maxtext_moe.stderr`); Python's own reports of
   abandoned coroutines and threads are not shown unless --verbose."""
@@ -81,6 +87,20 @@ def _last_word(line: str, verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+  signals.install_early()
+  try:
+    return _main(argv)
+  except signals.StopBeforeStart as e:
+    print(
+      f"maxtext-moe: stopped by {e.name} before anything was trained; nothing was lost (no step ran, no "
+      "checkpoint was due); the same command starts again",
+      file=sys.stderr,
+      flush=True,
+    )
+    return EXIT_RESUMABLE
+
+
+def _main(argv: list[str] | None) -> int:
   parser = build_parser()
   ns, extra = parser.parse_known_args(argv)
   if extra:  # key=value overrides may follow a command's options; anything else is an error
@@ -101,3 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
       print("maxtext-moe: interrupted", file=sys.stderr)
       return 130
+    except Exception as e:  # pylint: disable=broad-except  # a full disk, whatever raised it; else re-raised
+      why = no_space(e)
+      if why is None:
+        raise
+      _last_word(f"maxtext-moe: error: {why} while writing: {_first_line(e)}; free space and run it again", ns.verbose)
+      return EXIT_NO_SPACE

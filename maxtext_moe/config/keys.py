@@ -152,6 +152,13 @@ class PluginKeys(BaseModel):
   max_nonfinite_skips: int = Field(
     3, ge=1, description="on_nonfinite_loss=skip: non-finite steps in a row to give up at."
   )
+  run_lock_wait_s: float = Field(
+    0.0,
+    ge=0.0,
+    description="A run directory is written by one run at a time (a lock held while it runs; a killed run "
+    "does not leave it stuck). 0: a second run with the same run_name refuses at once, naming the holder; "
+    "N: it waits up to N seconds for the first to end.",
+  )
   checkpoint_fallback: bool = Field(
     True,
     description="When the newest checkpoint of a run cannot be read, resume from the newest one that can "

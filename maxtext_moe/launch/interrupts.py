@@ -12,9 +12,9 @@ save at), so only SIGINT is caught here, and turned into a SIGTERM for it.
 import contextlib
 import os
 import signal
-import sys
 from collections.abc import Iterator
 
+from maxtext_moe import stderr
 from maxtext_moe.upstream.recovery import Recovery
 
 
@@ -29,11 +29,7 @@ def graceful_stop(rec: Recovery, *, distributed: bool) -> Iterator[list[str]]:
     received.append(name)
     if len(received) > 1:
       raise KeyboardInterrupt
-    print(
-      f"maxtext-moe: {name}: finishing this step and saving a checkpoint; send it again to stop at once",
-      file=sys.stderr,
-      flush=True,
-    )
+    stderr.say(f"maxtext-moe: {name}: finishing this step and saving a checkpoint; send it again to stop at once")
     if distributed:
       os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption service, which agrees on a step
     else:

@@ -2,12 +2,16 @@
 command that continues it. Raised as RunEnded; the CLI prints it and exits with its code."""
 
 import datetime
+import logging
+import os
+import re
 import shlex
 import shutil
 from pathlib import Path
 from typing import Any
 
-from maxtext_moe.errors import EXIT_RESUMABLE, RunEnded
+from maxtext_moe import stderr
+from maxtext_moe.errors import EXIT_NO_SPACE, EXIT_RESUMABLE, RunEnded, no_space
 
 NONFINITE = "nonfinite_checkpoints"
 
@@ -61,3 +65,56 @@ def nonfinite(err: Any, checkpoint_dir: Path, command: str, *, lead: bool) -> Ru
     f"more warm-up (warmup_steps_fraction), gradient_clipping_threshold, or on_nonfinite_loss=skip, then: {command}",
     1,
   )
+
+
+def _size(path: Path) -> int:
+  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+_SAVING = re.compile(r"checkpoints/(\d+)\.orbax-checkpoint-tmp")
+
+
+def unexpected(err: Exception, recorder: Any, checkpoint_dir: Path, command: str) -> BaseException:
+  """A full disk (ENOSPC, EFBIG, EDQUOT, whoever raised it) as one line: what failed, what was removed, the
+  last complete checkpoint, roughly how much space a save needs, how to continue; anything else as it was."""
+  why = no_space(err)
+  if why is None:
+    return err
+  from maxtext_moe.upstream.recovery import remove_incomplete_saves  # pylint: disable=import-outside-toplevel
+
+  removed = remove_incomplete_saves(checkpoint_dir)
+  saving = _SAVING.search(str(err))
+  what = f"checkpoint {saving.group(1)}'s save" if saving else "a write to the run directory"
+  done = checkpoint_steps(checkpoint_dir)
+  try:
+    recorder.finish(stopped=True)
+  except Exception:  # pylint: disable=broad-except  # the summary and plots may not fit either
+    pass
+  kept = (
+    f"checkpoint {done[-1]} is intact (a save needs about {_size(checkpoint_dir / str(done[-1])) / 1e6:,.0f} MB)"
+    if done
+    else "no checkpoint was complete yet"
+  )
+  gone = f"; the unfinished save ({', '.join(removed)}) was removed" if removed else ""
+  return RunEnded(f"{what} failed: {why}{gone}; {kept}; free space, then resume with: {command}", EXIT_NO_SPACE)
+
+
+class _FullDiskNoise(logging.Filter):
+  """Drops the log records of a full disk (Orbax's threads log each failed write with a traceback): the
+  run ends with one line saying so (`unexpected`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    err = record.exc_info[1] if record.exc_info else None
+    if no_space(err) is None and no_space(RuntimeError(record.getMessage())) is None:
+      return True
+    # The first sign of a full disk, in Orbax's writer thread: what its threads print from here on (uvloop's
+    # "Event loop is closed" tracebacks, straight to fd 2) is noise; the run's own last line still shows.
+    stderr.divert_rest(Path(os.devnull))
+    return False
+
+
+def quiet_about_full_disks() -> None:
+  """Filters a full disk's records from absl's logger (Orbax logs through it) and the root's handlers."""
+  for target in (logging.getLogger("absl"), *logging.getLogger().handlers):
+    if not any(isinstance(f, _FullDiskNoise) for f in target.filters):
+      target.addFilter(_FullDiskNoise())

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from maxtext_moe import locks
 from maxtext_moe.config import flags
 from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch.preflight import (
@@ -37,6 +38,9 @@ def _keep_model_file(cfg: Any, run_dir: Path) -> None:
     shutil.copyfile(source, run_dir / MODEL_YAML)
     if (source.parent / SOURCE_CONFIG).is_file():
       shutil.copyfile(source.parent / SOURCE_CONFIG, run_dir / SOURCE_CONFIG)
+
+
+RUN_LOCK = ".maxtext-moe.lock"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ def _start_run(cfg: Any, recipe: Any, applied: dict[str, str], job: Any, out: IO
 
   lead = jax.process_index() == 0
   run_dir = Path(cfg.base_output_directory) / cfg.run_name
+  if lead:  # one writer per run directory, before anything of the run is written or removed
+    locks.acquire(run_dir / RUN_LOCK, what=f"run directory {run_dir}", wait_s=float(cfg.run_lock_wait_s))
   run_dir.mkdir(parents=True, exist_ok=True)
   if lead:
     (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
@@ -156,6 +162,7 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
   for name in recovery.remove_incomplete_saves(checkpoints):
     announce(f"maxtext-moe: removed {name}, a checkpoint save that was interrupted before it completed")
   command = outcome.resume_command(recipe.name, recipe.user_overrides, cfg.run_name)
+  outcome.quiet_about_full_disks()
   with interrupts.graceful_stop(rec, distributed=distributed) as received:
     try:
       run_trainer(cfg, recorder, rec)
@@ -171,7 +178,9 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
           f"run '{cfg.run_name}' already completed {cfg.steps} steps (checkpoints in {checkpoints}); "
           f"pass steps=N with N > {cfg.steps} to train further, or a new run_name"
         ) from e
-      raise
+      raise outcome.unexpected(e, recorder, checkpoints, command) from None
+    except Exception as e:  # pylint: disable=broad-except  # a full disk becomes one line; the rest re-raised
+      raise outcome.unexpected(e, recorder, checkpoints, command) from None
   summary = recorder.finish(stopped=rec.stopped_at is not None)
   if rec.stopped_at is not None:
     raise outcome.stopped(received[0] if received else "SIGTERM", rec.stopped_at, checkpoints, command)

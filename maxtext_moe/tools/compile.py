@@ -74,6 +74,13 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), which needs TE and NCCL communicators; "
       "compiled with all_to_all (its buffers as moe_buffers says)"
     )
+  if keys.plugin.offload not in (None, "none"):
+    said.append(
+      f"offload={keys.plugin.offload}: XLA:GPU's compile-only devices have no host memory space, so JAX 0.12 drops "
+      "every pinned_host placement (a NamedSharding's memory_kind becomes None) and the offloaded state is "
+      "counted on the device here; `fits` subtracts the planner's offloaded bytes (the CUDA lowering keeps "
+      "the placements: tests/test_offload.py)"
+    )
   attention = str(keys.maxtext["attention"])
   if attention in NEEDS_CUDNN:
     extra.append("attention=dot_product")
@@ -126,8 +133,6 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   report["planner"] = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   compile_report.compare(report)
   if hlo_dir is not None:
-    from maxtext_moe.tools.peak import peak_live_set  # pylint: disable=import-outside-toplevel
-
-    report["peak"] = peak_live_set(hlo_dir / "xla")
+    report["peak"] = compile_report.peak_live_set(hlo_dir / "xla")
     compile_report.keep(report, compiled.as_text(), hlo_dir)
   return report

@@ -169,6 +169,9 @@ class RecoveryPatches:
   def _resumed(self, checkpoint_manager: Any, good: int, failures: list[tuple[int, str]]) -> None:
     if failures:
       _report(self.rec, checkpoint_manager, good, failures)
+      # The failed reads' threads print "Event loop is closed" tracebacks until the process ends: from now
+      # on fd 2 goes to the restore log (the run's own lines go to standard output or `stderr.say`).
+      stderr.divert_rest(Path(checkpoint_manager.directory).parent / RESTORE_LOG)
     self.rec.resumed_from = good
     self.rec.announce(f"maxtext-moe: resuming from checkpoint {good} ({checkpoint_manager.directory}/{good})")
 
