@@ -153,7 +153,18 @@ def check_finetune_has_weights(cfg: Any) -> None:
       raise ValueError(f"{path} is not an Orbax checkpoint (no _METADATA): pass OUT/items of the converter")
 
 
+def check_run_name(cfg: Any) -> None:
+  """A run name is one path component: the run directory is base_output_directory/run_name, never outside."""
+  name = str(getattr(cfg, "run_name", "") or "")
+  if "/" in name or "\\" in name or name in (".", ".."):
+    raise ValueError(
+      f"run_name={name!r} must be a single name (no '/' or '..'): runs live in base_output_directory/run_name; "
+      "set base_output_directory for another place"
+    )
+
+
 ALL_CHECKS = (
+  check_run_name,
   check_one_auto_axis,
   check_layout_fits_devices,
   check_experts_divisible_by_ep,
