@@ -112,6 +112,7 @@ def _resolve(
 def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | None = None) -> dict[str, Any]:
   """Compiles the recipe's train step for its GPUs; returns the report (`format_report` prints it)."""
   from maxtext_moe.tools import compile_report  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.tools.peak import peak_live_set  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import compile as upstream_compile  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel
@@ -133,6 +134,6 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   report["planner"] = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   compile_report.compare(report)
   if hlo_dir is not None:
-    report["peak"] = compile_report.peak_live_set(hlo_dir / "xla")
+    report["peak"] = peak_live_set(hlo_dir / "xla")
     compile_report.keep(report, compiled.as_text(), hlo_dir)
   return report
