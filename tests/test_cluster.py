@@ -141,11 +141,14 @@ def test_sigterm_to_launch_reaches_both_training_processes(tmp_path):
   launch (a JobSet restarts it, and the rerun resumes)."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONUNBUFFERED="1")
   args = ["launch", "--nproc-per-node", "2", "--", "train", "steps=100000", "dataset_type=synthetic", "run_name=term"]
-  err = tmp_path / "stderr.txt"
-  with open(err, "w", encoding="utf-8") as f:  # a file, not a pipe: a full pipe would block the children
-    sup = subprocess.Popen([sys.executable, "-m", "maxtext_moe", *args], cwd=tmp_path, env=env, stderr=f)
-  deadline = time.monotonic() + 180
-  while err.read_text().count("maxtext-moe: process ") < 2 and time.monotonic() < deadline and sup.poll() is None:
+  args += ["progress=plain"]
+  err, out = tmp_path / "stderr.txt", tmp_path / "stdout.txt"
+  with open(err, "w", encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:  # files: a full pipe blocks
+    sup = subprocess.Popen([sys.executable, "-m", "maxtext_moe", *args], cwd=tmp_path, env=env, stderr=f, stdout=o)
+  deadline = time.monotonic() + 400
+  # After the first step: what remains is one step and a save, well inside the supervisor's grace period
+  # (before it, the processes' first compile counts too, and a busy machine can take longer than the grace).
+  while "step     1/" not in out.read_text() and time.monotonic() < deadline and sup.poll() is None:
     time.sleep(1)
   assert {f"{i}/2" for i in range(2)} <= set(err.read_text().split()), "both training processes must start"
   children = psutil.Process(sup.pid).children()
@@ -159,3 +162,17 @@ def test_sigterm_to_launch_reaches_both_training_processes(tmp_path):
         child.kill()
   gone, alive = psutil.wait_procs(children, timeout=5)
   assert alive == [] and len(gone) == 2
+
+
+def test_sigterm_to_launch_while_its_processes_start_is_a_clean_resumable_stop(tmp_path):
+  """A SIGTERM before the processes have joined the job: each stops at once (nothing to save yet) with
+  75, and so does launch."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONUNBUFFERED="1")
+  args = ["launch", "--nproc-per-node", "2", "--", "train", "steps=3", "dataset_type=synthetic", "run_name=early"]
+  err = tmp_path / "stderr.txt"
+  with open(err, "w", encoding="utf-8") as f:
+    sup = subprocess.Popen([sys.executable, "-m", "maxtext_moe", *args], cwd=tmp_path, env=env, stderr=f)
+  time.sleep(1.5)
+  sup.send_signal(signal.SIGTERM)
+  assert sup.wait(timeout=120) == 75, err.read_text()[-3000:]
+  assert err.read_text().count("stopped by SIGTERM before anything was trained") == 2

@@ -20,6 +20,7 @@ LAYERS = {
   "stderr": 0,
   "signals": 0,
   "locks": 0,
+  "integrity": 0,
   "moe": 1,
   "data": 1,
   "config": 2,

@@ -24,6 +24,7 @@ SNAPSHOT = (
   "mla_norm_epsilon",
   "on_nonfinite_loss",
   "max_nonfinite_skips",
+  "checkpoint_integrity",
   "run_lock_wait_s",
   "checkpoint_fallback",
   "fault_nan_loss_steps",

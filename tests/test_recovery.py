@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import run_cli
+from maxtext_moe import integrity
 from maxtext_moe.runlog.files import read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -82,8 +83,12 @@ def test_an_interrupted_save_and_an_unreadable_checkpoint_fall_back_and_say_so(t
   assert sorted(int(p.name) for p in checkpoints.iterdir()) == [0, 3, 6]
   # What SIGKILL during a save leaves: Orbax's temporary directory, never renamed to its step.
   (checkpoints / "9.orbax-checkpoint-tmp-1764540000").mkdir()
-  # And the newest checkpoint unreadable: one of its data files cut short.
-  data = max((p for p in (checkpoints / "6").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  # Each complete save recorded its files (sizes and CRC-32) for the restore to check.
+  assert all((checkpoints / str(s) / integrity.MANIFEST).is_file() for s in (0, 3, 6))
+  # And the newest checkpoint unreadable: its second-largest data file cut short (before the integrity record,
+  # a non-largest file cut short went undetected by the restore).
+  files = sorted((p for p in (checkpoints / "6").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  data = files[-2]
   data.write_bytes(data.read_bytes()[:100])
 
   r = run_cli(["train", "steps=8", "checkpoint_fallback=false", *common], cwd=tmp_path)
@@ -97,7 +102,8 @@ def test_an_interrupted_save_and_an_unreadable_checkpoint_fall_back_and_say_so(t
   r = run_cli(["train", "steps=8", *common], cwd=tmp_path)
   _ok(r)
   out = r.stdout
-  assert "maxtext-moe: warning: checkpoint 6 cannot be read (" in out
+  assert "maxtext-moe: warning: checkpoint 6 cannot be read (RuntimeError: " in out
+  assert f"{data.relative_to(checkpoints / '6')} is 100 bytes, its save wrote " in out
   assert f"maxtext-moe: resuming from checkpoint 3 ({checkpoints}/3)" in out
   moved = list((tmp_path / "runs" / "fb" / "unreadable_checkpoints").iterdir())
   assert len(moved) == 1 and moved[0].name.startswith("6-"), "kept, out of the way"
@@ -142,3 +148,19 @@ def test_nan_loss_stops_with_one_line_and_skip_mode_carries_on(tmp_path):
   )
   assert r.returncode == 1
   assert "maxtext-moe: the loss became nan at step 4 after skipping 2 non-finite step(s)" in r.stderr
+
+
+def test_the_integrity_record_finds_a_change_in_any_file(tmp_path):
+  step = tmp_path / "7"
+  (step / "d").mkdir(parents=True)
+  for name, size in (("_METADATA", 10), ("d/a", 1000), ("d/b", 5000)):
+    (step / name).write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+  assert integrity.record_completed(tmp_path, checksums=True) == [7] and integrity.problem(step) is None
+  (step / "d" / "a").write_bytes(b"y" + (step / "d" / "a").read_bytes()[1:])  # same size, one byte changed
+  assert integrity.problem(step) == "d/a does not match the CRC-32 its save recorded"
+  integrity.record(step, checksums=True)
+  (step / "d" / "b").unlink()
+  assert integrity.problem(step) == "d/b is missing"
+  integrity.record(step, checksums=False)
+  (step / "_METADATA").write_bytes(b"short")
+  assert integrity.problem(step) == "_METADATA is 5 bytes, its save wrote 10"

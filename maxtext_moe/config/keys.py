@@ -42,6 +42,14 @@ class NonFinitePolicy(StrEnum):
   SKIP = "skip"  # skip the step's update (optax.apply_if_finite), count it; stop after max_nonfinite_skips in a row
 
 
+class Integrity(StrEnum):
+  """What is recorded of each checkpoint when its save completes, and checked before it is restored."""
+
+  CHECKSUMS = "checksums"  # every file's size and CRC-32
+  SIZES = "sizes"  # every file's size (for checkpoints too large to read once more at each save)
+  OFF = "off"
+
+
 class Overlength(StrEnum):
   """What an SFT conversation longer than max_target_length does."""
 
@@ -151,6 +159,12 @@ class PluginKeys(BaseModel):
   )
   max_nonfinite_skips: int = Field(
     3, ge=1, description="on_nonfinite_loss=skip: non-finite steps in a row to give up at."
+  )
+  checkpoint_integrity: Integrity = Field(
+    Integrity.CHECKSUMS,
+    description="checksums: when a checkpoint's save completes, process 0 records every file's size and CRC-32 "
+    "(STEP/maxtext_moe_files.json) and a restore checks them first, so a truncated or altered file falls back "
+    "to the previous checkpoint instead of failing mid-restore; sizes: sizes only; off: nothing.",
   )
   run_lock_wait_s: float = Field(
     0.0,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from maxtext_moe import locks
+from maxtext_moe import integrity, locks
 from maxtext_moe.config import flags
 from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch.preflight import (
@@ -157,7 +157,9 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
       print(line, file=recorder.stream, flush=True)
 
   guard = recovery.NonFiniteGuard(skip=str(cfg.on_nonfinite_loss) == "skip", max_skips=int(cfg.max_nonfinite_skips))
-  rec = recovery.Recovery(fallback=bool(cfg.checkpoint_fallback), nonfinite=guard, announce=announce)
+  rec = recovery.Recovery(
+    fallback=bool(cfg.checkpoint_fallback), nonfinite=guard, integrity=str(cfg.checkpoint_integrity), announce=announce
+  )
   checkpoints = recorder.run_dir / "checkpoints"
   for name in recovery.remove_incomplete_saves(checkpoints):
     announce(f"maxtext-moe: removed {name}, a checkpoint save that was interrupted before it completed")
@@ -181,6 +183,8 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
       raise outcome.unexpected(e, recorder, checkpoints, command) from None
     except Exception as e:  # pylint: disable=broad-except  # a full disk becomes one line; the rest re-raised
       raise outcome.unexpected(e, recorder, checkpoints, command) from None
+  if recorder.writer and str(cfg.checkpoint_integrity) != "off":  # the last save completed with the loop
+    integrity.record_completed(checkpoints, checksums=str(cfg.checkpoint_integrity) == "checksums")
   summary = recorder.finish(stopped=rec.stopped_at is not None)
   if rec.stopped_at is not None:
     raise outcome.stopped(received[0] if received else "SIGTERM", rec.stopped_at, checkpoints, command)

@@ -51,6 +51,9 @@ def build(cfg: Any, compiled: Any, *, target: Any, recipe: Any, substitutions: l
     "while_loops": program["while_loops"],
     "unknown_trip_while_loops": program["unknown_trip_while_loops"],
     "gemms": program["gemms"],
+    "async_starts": program["async_starts"],
+    "operation_queues": program["operation_queues"],
+    "command_buffers": program["command_buffers"],
     "compile_s": round(compile_s, 1),
     "substitutions": substitutions,
     "xla_flags": recipe.flags.xla_flags,
@@ -124,6 +127,8 @@ def format_report(r: dict[str, Any]) -> str:
     f"{r['conditionals_in_command_buffers']} in command buffers; {r['while_loops']} while loops, "
     f"{r['unknown_trip_while_loops']} of unknown trip count)",
     "  GEMMs per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["gemms"].items())),
+    f"  schedule: {r['command_buffers']} command buffers, {r['operation_queues']} operation queue(s), async "
+    + ", ".join(f"{k} {v}" for k, v in sorted(r["async_starts"].items())),
   ]
   if "peak" in r:
     lines.append(f"  live at the temporaries' peak ({_gib(r['peak']['peak_bytes'])} GiB), largest first:")

@@ -230,7 +230,24 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
       syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))
       out["host_syncs_per_step_at_most"] += n * syncs
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
-  return {"collectives": collectives, "host_transfers": host, "gemms": dict(gemms), **out}
+  return {"collectives": collectives, "host_transfers": host, "gemms": dict(gemms), **out, **schedule(comps)}
+
+
+_QUEUE = re.compile(r'"operation_queue_id":"(\d+)"')
+
+
+def schedule(comps: dict[str, list[Instr]]) -> dict[str, Any]:
+  """What a flag profile changes in the program, statically: async operation pairs by kind (`*-start`),
+  the operation queues (streams) instructions are assigned to, and the command buffers (CUDA graphs)."""
+  starts: dict[str, int] = defaultdict(int)
+  queues: set[str] = set()
+  buffers = sum("command_buffer" in name for name in comps)
+  for instrs in comps.values():
+    for ins in instrs:
+      if ins.opcode.endswith("-start"):
+        starts[ins.opcode.removesuffix("-start")] += 1
+      queues.update(_QUEUE.findall(ins.rest))
+  return {"async_starts": dict(starts), "operation_queues": len(queues), "command_buffers": buffers}
 
 
 def _syncs(ins: Instr, out: dict[str, Any], *, buffered: bool) -> int:

@@ -26,7 +26,7 @@ from maxtext.common import checkpointing
 from maxtext.optimizers import optimizers
 from maxtext.utils import exceptions
 
-from maxtext_moe import stderr
+from maxtext_moe import integrity, stderr
 from maxtext_moe.errors import UserError
 from maxtext_moe.upstream.patches import Patch, original
 
@@ -73,6 +73,7 @@ class Recovery:
 
   fallback: bool = True
   nonfinite: NonFiniteGuard = field(default_factory=NonFiniteGuard)
+  integrity: str = "checksums"  # checkpoint_integrity: checksums, sizes or off
   announce: Callable[[str], None] = print  # one line to the user (process 0 only)
   stop_requested: bool = False
   stopped_at: int | None = None
@@ -151,11 +152,15 @@ class RecoveryPatches:
     failures: list[tuple[int, str]] = []
     log = Path(checkpoint_manager.directory).parent / RESTORE_LOG
     for candidate in steps:
-      try:
-        with stderr.diverted(log):
-          restored, error = load(checkpoint_manager, *args, step=candidate, **kwargs), None
-      except Exception as e:  # pylint: disable=broad-except  # any failure to read this checkpoint
-        restored, error = None, e
+      damage = self._damage(Path(checkpoint_manager.directory) / str(candidate))
+      if damage is not None:
+        restored, error = None, RuntimeError(damage)
+      else:
+        try:
+          with stderr.diverted(log):
+            restored, error = load(checkpoint_manager, *args, step=candidate, **kwargs), None
+        except Exception as e:  # pylint: disable=broad-except  # any failure to read this checkpoint
+          restored, error = None, e
       if _agree(error is None):
         self._resumed(checkpoint_manager, candidate, failures)
         return restored
@@ -165,6 +170,17 @@ class RecoveryPatches:
     if failures:
       raise self._unreadable(Path(checkpoint_manager.directory), len(steps), failures)
     return load(checkpoint_manager, *args, step=step, **kwargs)
+
+  def _damage(self, step_dir: Path) -> str | None:
+    """Why a checkpoint does not match what its save recorded (`integrity`), agreed by every process before
+    any of them reads it (process 0 checks; a read is collective, so all skip it or none)."""
+    found = integrity.problem(step_dir) if self.rec.integrity != "off" and jax.process_index() == 0 else None
+    return None if _agree(found is None) else (found or "damaged on process 0")
+
+  def record(self, checkpoint_manager: Any) -> None:
+    """Process 0 records the checkpoints whose saves have completed since (`integrity.record_completed`)."""
+    if self.rec.integrity != "off" and jax.process_index() == 0 and checkpoint_manager is not None:
+      integrity.record_completed(Path(checkpoint_manager.directory), checksums=self.rec.integrity == "checksums")
 
   def _resumed(self, checkpoint_manager: Any, good: int, failures: list[tuple[int, str]]) -> None:
     if failures:
@@ -202,11 +218,13 @@ class RecoveryPatches:
     that row would be missing from metrics.jsonl. So: save k, let the logger take k's row, and stop at
     k + 1 before anything of it is saved or logged (a resume replays k + 1 exactly)."""
     rec = self.rec
+    self.record(checkpoint_manager)
     if rec.stopped_at is None:
       if rec.stop_requested:  # the signal came after this step's save decision: the next step saves
         return None
       return original(checkpointing, "_handle_post_checkpoint_preemption")(checkpoint_manager, step, force_ckpt_save)
     checkpointing.wait_until_finished(checkpoint_manager)
+    self.record(checkpoint_manager)
     if int(step) > rec.stopped_at:
       raise exceptions.StopTraining(f"stop requested; checkpoint {rec.stopped_at} saved")
     return None
