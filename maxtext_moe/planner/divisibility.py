@@ -45,27 +45,31 @@ def indivisible(leaves: list, rules: list, sizes: dict[str, int]) -> list[Indivi
   return found
 
 
-def _splits(cfg: Any, num_devices: int) -> list[tuple[int, int, int]]:
-  """(devices, ICI expert degree, ICI fsdp degree) to try, largest device count first, then the EP degree
-  nearest the recipe's: the other ICI and all DCN degrees stay as they are."""
+def _splits(cfg: Any, num_devices: int) -> list[tuple[int, int, int, int]]:
+  """(devices, ICI expert degree, ICI fsdp degree, DCN fsdp degree) to try: all the devices first (with the
+  slices' FSDP degree traded for data parallelism, which replicates instead of splitting), then fewer;
+  within each, the EP degree nearest the recipe's. The other degrees stay as they are."""
   slices = max(int(cfg.num_slices), 1)
   fixed = {a: d for a, d in zip(cfg.mesh_axes, cfg.ici_parallelism, strict=True) if a not in ("expert", "fsdp")}
   other = math.prod(d for d in fixed.values() if d > 0)
   ep = max(int(cfg.ici_expert_parallelism), 1)
+  dcn_fsdp = max(int(cfg.dcn_fsdp_parallelism), 1)
+  dcn_options = sorted((d for d in range(1, dcn_fsdp + 1) if dcn_fsdp % d == 0), reverse=True)
   out = []
   for per_slice in range(num_devices // slices, 0, -1):
     if per_slice % other:
       continue
     ici = per_slice // other
     eps = sorted((e for e in range(1, ici + 1) if ici % e == 0), key=lambda e: (abs(math.log(e / ep)), -e))
-    out += [(per_slice * slices, e, ici // e) for e in eps]
+    for d in dcn_options if per_slice == num_devices // slices else [dcn_fsdp]:
+      out += [(per_slice * slices, e, ici // e, d) for e in eps]
   return out
 
 
-def _sizes(cfg: Any, devices: int, ep: int, fsdp: int) -> dict[str, int]:
+def _sizes(cfg: Any, devices: int, ep: int, fsdp: int, dcn_fsdp: int) -> dict[str, int]:
   sizes = mesh_sizes(cfg, devices)
   sizes["expert"] = ep * max(int(cfg.dcn_expert_parallelism), 1)
-  sizes["fsdp"] = fsdp * max(int(cfg.dcn_fsdp_parallelism), 1)
+  sizes["fsdp"] = fsdp * dcn_fsdp
   return sizes
 
 
@@ -73,11 +77,15 @@ def dividing_layout(cfg: Any, leaves: list, num_devices: int) -> list[str] | Non
   """The overrides of the nearest layout (most devices, then the EP degree nearest the recipe's) whose
   parameters all divide, or None."""
   rules = rules_of(cfg)
-  for devices, ep, fsdp in _splits(cfg, num_devices):
+  dcn_fsdp = max(int(cfg.dcn_fsdp_parallelism), 1)
+  for devices, ep, fsdp, dcn in _splits(cfg, num_devices):
     if int(cfg.num_experts) % (ep * max(int(cfg.dcn_expert_parallelism), 1)):
       continue
-    if not indivisible(leaves, rules, _sizes(cfg, devices, ep, fsdp)):
+    if not indivisible(leaves, rules, _sizes(cfg, devices, ep, fsdp, dcn)):
       fix = [f"ici_expert_parallelism={ep}", f"ici_fsdp_parallelism={fsdp}"]
+      if dcn != dcn_fsdp:
+        data = max(int(cfg.dcn_data_parallelism), 1) * dcn_fsdp // dcn
+        fix += [f"dcn_fsdp_parallelism={dcn}", f"dcn_data_parallelism={data}"]
       return fix + ([f"recipe_num_devices={devices}"] if devices != num_devices else [])
   return None
 

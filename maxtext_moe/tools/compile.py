@@ -123,6 +123,8 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   target = target_of(first.keys)
   extra, said = substitutions(first, te_available=te.status().available)
   recipe, cfg = _resolve(name, overrides, target, extra, hlo_dir / "xla" if hlo_dir else None)
+  # The planner's figures first: they also refuse, in one line, a layout that does not divide a parameter.
+  planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   devices = upstream_compile.gpu_topology(
     hardware.target_config(target.gpu), partitions=1, hosts_per_partition=target.devices, devices_per_host=1
   )
@@ -131,7 +133,7 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
   seconds = time.monotonic() - start
   report = compile_report.build(cfg, compiled, target=target, recipe=recipe, substitutions=said, compile_s=seconds)
-  report["planner"] = compile_report.planner_figures(name, [*overrides, *extra], target=target)
+  report["planner"] = planned
   compile_report.compare(report)
   if hlo_dir is not None:
     report["peak"] = peak_live_set(hlo_dir / "xla")
