@@ -4,8 +4,11 @@ Two `train`s with one run_name (or two `convert`s into one OUT) would write the 
 checkpoints. The first to start holds the lock for its whole life; a second refuses in one line naming the
 holder (host, pid, since when, its command), or waits for it with `wait_s`. The kernel drops the lock when
 its holder dies, SIGKILL included, so a killed run never leaves it stuck; the file itself stays (it only
-names the last holder). flock is per host on most network file systems: it keeps two runs apart on one
-node, and process 0 of a job is the only writer across nodes.
+names the last holder) unless released with `remove=True`, which unlinks it while still holding it. A
+taker therefore checks, once it holds the lock, that the file it locked is still the one at the path (the
+holder may have unlinked it meanwhile), and starts over on the new file if not. flock is per host on most
+network file systems: it keeps two runs apart on one node, and process 0 of a job is the only writer
+across nodes.
 """
 
 import datetime
@@ -34,18 +37,22 @@ def acquire(path: Path, *, what: str, wait_s: float = 0.0) -> None:
   if str(path) in _HELD:
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open until release() or exit
   deadline = time.monotonic() + wait_s
   while True:
+    fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open until release() or exit
     try:
       fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      break
     except BlockingIOError:
       if time.monotonic() >= deadline:
         holder = _holder(fh)
         fh.close()
         raise UserError(f"{what} is in use by {holder}; wait for it to end, or choose another name") from None
+      fh.close()
       time.sleep(min(1.0, max(deadline - time.monotonic(), 0.01)))
+      continue
+    if _still_at(fh, path):
+      break
+    fh.close()  # the holder removed this file as we waited: lock the one at the path now
   since = datetime.datetime.now().isoformat(timespec="seconds")
   command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
   fh.seek(0)
@@ -55,8 +62,19 @@ def acquire(path: Path, *, what: str, wait_s: float = 0.0) -> None:
   _HELD[str(path)] = fh
 
 
-def release(path: Path) -> None:
-  fh = _HELD.pop(str(Path(path).absolute()), None)
+def _still_at(fh: IO[str], path: Path) -> bool:
+  try:
+    return os.path.samestat(os.fstat(fh.fileno()), os.stat(path))
+  except FileNotFoundError:
+    return False
+
+
+def release(path: Path, *, remove: bool = False) -> None:
+  """Drops the lock at `path`; with `remove`, first unlinks its file (while still holding it)."""
+  path = Path(path).absolute()
+  fh = _HELD.pop(str(path), None)
   if fh is not None:
+    if remove:
+      path.unlink(missing_ok=True)
     fcntl.flock(fh, fcntl.LOCK_UN)
     fh.close()

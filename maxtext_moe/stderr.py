@@ -37,8 +37,8 @@ def diverted(log: Path) -> Iterator[None]:
         f.seek(start)
         sys.stderr.write(f.read().decode(errors="replace"))
         f.truncate(start)
-  if ok and log.stat().st_size == 0:
-    log.unlink()
+  if ok and log.exists() and log.stat().st_size == 0:
+    log.unlink(missing_ok=True)
 
 
 def divert_rest(log: Path) -> None:

@@ -135,6 +135,7 @@ def test_children_that_succeed_give_zero():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_launch_reaches_both_training_processes(tmp_path):
   """What Kubernetes does before evicting a pod: SIGTERM to `launch` (PID 1 in the container) reaches both
   training processes, which agree on a step (JAX's preemption service), save there and exit 75; so does

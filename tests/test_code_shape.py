@@ -13,28 +13,29 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "maxtext_moe"
 README_MAX_LINES = 150
 # Lowest first. A module may import its own package and any lower one, never a higher one or a sibling of
-# the same rank; `moe` and `config` therefore import nothing of ours above them.
+# the same rank; `moe` and `config` therefore import nothing of ours above them. `errors` is below every
+# other module: the leaf utilities (locks, integrity, ...) raise its UserError.
 LAYERS = {
   "errors": 0,
-  "glibc": 0,
-  "stderr": 0,
-  "signals": 0,
-  "locks": 0,
-  "integrity": 0,
-  "moe": 1,
-  "data": 1,
-  "config": 2,
-  "upstream": 3,
-  "checkpoint": 4,
-  "planner": 4,
-  "sft": 4,
-  "runlog": 4,
-  "cluster": 5,
-  "launch": 6,
-  "tools": 7,
-  "bench": 8,
-  "cli": 9,
-  "__main__": 10,
+  "glibc": 1,
+  "stderr": 1,
+  "signals": 1,
+  "locks": 1,
+  "integrity": 1,
+  "moe": 2,
+  "data": 2,
+  "config": 3,
+  "upstream": 4,
+  "checkpoint": 5,
+  "planner": 5,
+  "sft": 5,
+  "runlog": 5,
+  "cluster": 6,
+  "launch": 7,
+  "tools": 8,
+  "bench": 9,
+  "cli": 10,
+  "__main__": 11,
   # The Transformer Engine seam imports nothing of ours (tests/test_te_contract.py), so the MoE math may
   # call it: a leaf, not the rest of `upstream`.
   "upstream.te": 0,

@@ -106,6 +106,7 @@ def _cross_entropy(logits, targets):
   return float(-np.take_along_axis(logp, targets[..., None], -1).mean())
 
 
+@pytest.mark.extended
 def test_finetune_starts_at_the_reference_models_loss(tmp_path, upstream_config):
   """The whole loop the README shows, with the model read from config.json: convert (no --model), two
   fine-tuning steps on MaxText's synthetic batch with model_file=OUT/model.yml, export (no --model: the run

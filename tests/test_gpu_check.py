@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 BACKENDS = {"tiled", "ragged_dot", "tokamax"}
@@ -15,6 +17,7 @@ def _env():
   return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHON=sys.executable)
 
 
+@pytest.mark.extended
 def test_cpu_smoke_runs_every_part(tmp_path):
   r = subprocess.run(
     ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-smoke", "--out", str(tmp_path)],

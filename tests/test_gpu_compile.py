@@ -74,10 +74,11 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 
 
 @needs_plugin
+@pytest.mark.extended
 def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
-  """Our divisibility check against JAX's own: the 671B's train state built with MaxText's shardings on 72
-  (then 64) compile-only GB200s. At 72 JAX raises IndivisibleError and `plan` refuses in one line with the
-  layout that divides; at 64 (the recipe) both build."""
+  """Our divisibility check against JAX's own: the 671B's train state, with MaxText's shardings on 72 (then
+  64) compile-only GB200s, lowered as the train step takes it. At 72 JAX raises IndivisibleError and `plan`
+  refuses in one line with the layout that divides; at 64 (the recipe) both build."""
   plan = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "recipe_num_devices=72", "ici_fsdp_parallelism=9"], cwd=REPO)
   assert plan.returncode == 2, plan.stderr[-2000:]
   line = plan.stderr.strip().splitlines()[-1]
@@ -100,9 +101,12 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
     "target = hardware.target_config(hardware.GPUS['gb200'])\n"
     "devs = uc.gpu_topology(target, partitions=1, hosts_per_partition=n, devices_per_host=1)\n"
     "mesh = uc.topology_mesh(cfg, devs, devices_per_partition=n)\n"
+    "import jax\n"
     "try:\n"
     "  with installed(uc.model_patches()), uc._on(mesh):\n"
-    "    train_compile.get_shaped_inputs(mesh, cfg)\n"
+    "    state = train_compile.get_shaped_inputs(mesh, cfg)[0]\n"
+    "    shardings = jax.tree.map(lambda leaf: leaf.sharding, state)\n"
+    "    jax.jit(lambda s: s, in_shardings=(shardings,), out_shardings=shardings).lower(state)\n"
     "  print('built')\n"
     "except Exception as e:\n"
     "  print(type(e).__name__)\n"
@@ -159,6 +163,7 @@ def test_compile_refuses_what_it_cannot_compile_in_one_line(tmp_path):
 
 
 @needs_plugin
+@pytest.mark.extended
 def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
   """The plugin for `compile` beside a CPU-only machine's default run: `train`, `plan` and `doctor` as a user
   runs them (no JAX_PLATFORMS) print no CUDA traceback or warning."""

@@ -159,10 +159,21 @@ def _rounds_needed(ids, *, ep, bf):
   return int(np.ceil(pairs / budget).max())
 
 
-@pytest.mark.parametrize("bf", [0.0, 2.0], ids=["worst_case", "bounded"])
-@pytest.mark.parametrize("dispatch", [DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL])
-@pytest.mark.parametrize("routing", ["random", "one_expert", "one_rank"])
-@pytest.mark.parametrize("ep", [2, 4, 8])
+def _ep_cases() -> list:
+  """Every EP degree x routing x dispatcher x buffer mode. The default suite runs EP=8 (the most rounds)
+  with bounded buffers, and worst-case buffers on random routing; the rest is `pytest -m extended`."""
+  cases = []
+  for ep in (2, 4, 8):
+    for routing in ("random", "one_expert", "one_rank"):
+      for dispatch in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL):
+        for bf, name in ((0.0, "worst_case"), (2.0, "bounded")):
+          default = ep == 8 and (bf or routing == "random")
+          marks = () if default else (pytest.mark.extended,)
+          cases.append(pytest.param(ep, routing, dispatch, bf, marks=marks, id=f"{ep}-{routing}-{dispatch}-{name}"))
+  return cases
+
+
+@pytest.mark.parametrize(("ep", "routing", "dispatch", "bf"), _ep_cases())
 def test_expert_parallel_matches_ep1_forward_and_gradients(ep, routing, dispatch, bf):
   """Worst-case buffers and bounded ones (moe_buffer_factor: rounds) give EP=1's outputs and gradients for
   natural and adversarial routing; the adversarial cases take more than one round and drop nothing."""

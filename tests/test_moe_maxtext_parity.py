@@ -52,6 +52,7 @@ def fsdp8(tmp_path_factory):
   return _train(tmp_path_factory.mktemp("fsdp8"), "ep1", "per_device_batch_size=1", "dataset_type=synthetic", devices=8)
 
 
+@pytest.mark.extended
 def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path, fsdp8):
   """EP=8 over two `maxtext-moe launch` processes of 4 CPU devices each (gloo collectives): the
   all-to-all crosses the process boundary; the training equals FSDP=8 in one process. MaxText's synthetic
@@ -74,6 +75,7 @@ def test_expert_parallel_8_over_two_processes_matches_fsdp_8_in_one(tmp_path, fs
     assert row["moe/dispatch_bytes"] == row["moe/dispatch_rows"] * 64 * 4  # emb 64, float32
 
 
+@pytest.mark.extended
 def test_bounded_memory_ep_trains_like_no_expert_parallelism(tmp_path, fsdp8):
   """EP=4 x FSDP=2 in MaxText's trainer with buffers so tight (moe_buffer_factor=0.3) that every step takes
   several rounds trains exactly like FSDP=8 (no EP, no buffers; the worst-case buffers equal it too, as the

@@ -89,6 +89,7 @@ def test_optimizer_and_parameter_presets_put_state_in_host_memory(upstream_confi
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_all_presets_at_once_train_to_the_same_losses(tmp_path):
   """The host placements run, not only lower: offload=all trains as offload=none does (CPU)."""
   losses = {}

@@ -76,6 +76,7 @@ def test_sigterm_saves_and_the_printed_command_resumes_to_the_same_losses(tmp_pa
   assert r.returncode == 2 and "run 'cut' already completed 10 steps" in r.stderr
 
 
+@pytest.mark.extended
 def test_an_interrupted_save_and_an_unreadable_checkpoint_fall_back_and_say_so(tmp_path):
   common = ["checkpoint_period=3", "progress=plain", "run_name=fb", *FAST]
   _ok(run_cli(["train", "steps=7", *common], cwd=tmp_path))
@@ -111,6 +112,7 @@ def test_an_interrupted_save_and_an_unreadable_checkpoint_fall_back_and_say_so(t
   assert not any(".orbax-checkpoint-tmp" in p.name for p in checkpoints.iterdir())
 
 
+@pytest.mark.extended
 def test_nan_loss_stops_with_one_line_and_skip_mode_carries_on(tmp_path):
   common = ["steps=6", "checkpoint_period=2", "progress=plain", *FAST, "fault_nan_loss_steps=[3]"]
   r = run_cli(["train", "run_name=stop", *common], cwd=tmp_path)

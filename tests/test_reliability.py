@@ -49,6 +49,7 @@ def test_sigterm_while_starting_up_is_a_clean_resumable_stop(tmp_path):
   assert not (tmp_path / "runs" / "early" / "checkpoints").exists()
 
 
+@pytest.mark.extended
 def test_a_second_run_with_the_same_name_refuses_and_a_killed_holder_frees_it(tmp_path):
   long = ["train", "steps=100000", "run_name=shared", "progress=plain", "enable_checkpointing=false", *FAST]
   first = _start(tmp_path, long, name="first")
@@ -116,6 +117,34 @@ def test_the_run_lock_names_its_holder_and_is_freed_when_the_holder_dies(tmp_pat
     holder.wait()
   locks.acquire(tmp_path / ".lock", what="x")  # SIGKILL freed it
   locks.release(tmp_path / ".lock")
+
+
+def test_a_lock_removed_by_its_holder_is_taken_afresh_by_a_waiter(tmp_path):
+  """The holder unlinks the lock file as it releases (as convert does): a process that was waiting on
+  the old file must end up holding the file now at the path, so a third one is still refused."""
+  lock = tmp_path / ".lock"
+  locks.acquire(lock, what="x")
+  waiter = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import sys, time; from maxtext_moe import locks; print('waiting', flush=True);"
+      " locks.acquire(sys.argv[1], what='x', wait_s=60); print('held', flush=True); time.sleep(60)",
+      str(lock),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert waiter.stdout.readline().strip() == "waiting"
+    time.sleep(1.0)  # let it open the old file and block on it
+    locks.release(lock, remove=True)
+    assert waiter.stdout.readline().strip() == "held"
+    with pytest.raises(UserError, match=f"x is in use by pid {waiter.pid} on "):
+      locks.acquire(lock, what="x")
+  finally:
+    waiter.kill()
+    waiter.wait()
 
 
 @pytest.mark.parametrize(

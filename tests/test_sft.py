@@ -107,6 +107,7 @@ def test_overlength_is_counted_truncated_or_refused(upstream_config, tmp_path, m
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sft_example_learns_evaluates_and_exports(tmp_path):
   """The README's loop on the embedded example: convert the tiny HF fixture, SFT 21 steps (evaluated after
   steps 1 and 21), `eval` the result, export it, and import and export again."""

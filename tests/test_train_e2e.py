@@ -81,6 +81,7 @@ def test_train_eight_devices_fsdp(tmp_path):
   assert worst["max_over_mean"] == pytest.approx(load.max() / load.mean())
 
 
+@pytest.mark.extended
 def test_flag_profile_is_applied_in_process_and_dump_hlo_still_dumps(tmp_path):
   """A GPU flag profile on CPU: the launcher puts the profile's XLA_FLAGS (which XLA:CPU accepts and
   ignores) into effect before the backend starts, keeping the caller's own flags, without re-executing

@@ -1,8 +1,8 @@
 """Output that is complete or absent: a staged directory renamed into place, and a bytes progress bar.
 
-Both converters write through `staged_output`, so a failure (bad input found late, a full disk, Ctrl-C)
-leaves neither a partial OUT nor a staging directory behind, and an existing OUT is only replaced once
-the new one is complete and on disk.
+Both converters write through `staged_output`, so a failure (bad input found late, a full disk, Ctrl-C,
+SIGTERM) leaves neither a partial OUT nor a staging directory (nor its lock file) behind, and an existing
+OUT is only replaced once the new one is complete and on disk.
 """
 
 import os
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from maxtext_moe import locks
+from maxtext_moe import locks, signals
 from maxtext_moe.errors import UserError
 
 
@@ -23,7 +23,12 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
   success. So `out` is either absent or complete and on disk, even across a power loss."""
   out = Path(out).absolute()
   lock = out.parent / f".{out.name}.lock"
-  locks.acquire(lock, what=f"output directory {out}")
+  with signals.under_cleanup():  # a SIGTERM raises through here, so the staging directory goes
+    locks.acquire(lock, what=f"output directory {out}")
+    yield from _staged(out, lock, force=force)
+
+
+def _staged(out: Path, lock: Path, *, force: bool) -> Iterator[Path]:
   try:
     if out.exists() and not force:
       raise UserError(f"output directory {out} already exists; pass --force to replace it")
@@ -40,7 +45,7 @@ def staged_output(out: Path, *, force: bool) -> Iterator[Path]:
     tmp.rename(out)
     _fsync(out.parent)
   finally:
-    locks.release(lock)
+    locks.release(lock, remove=True)
 
 
 def _fsync(path: Path) -> None:

@@ -91,13 +91,16 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return _main(argv)
   except signals.StopBeforeStart as e:
-    print(
-      f"maxtext-moe: stopped by {e.name} before anything was trained; nothing was lost (no step ran, no "
-      "checkpoint was due); the same command starts again",
-      file=sys.stderr,
-      flush=True,
-    )
-    return EXIT_RESUMABLE
+    return _stopped_early(e.name)
+  except BaseException:
+    if signals.received() is None:
+      raise
+    return _stopped_early(signals.received())  # the stop's exception, converted on its way (an ImportError)
+
+
+def _stopped_early(name: str) -> int:
+  print(signals.stopped_line(name), file=sys.stderr, flush=True)
+  return EXIT_RESUMABLE
 
 
 def _main(argv: list[str] | None) -> int:

@@ -94,9 +94,7 @@ def supervise(
   if not command:
     raise UserError("launch needs the command to run after '--', e.g. launch --nproc-per-node 8 -- train RECIPE")
   first = job.node_rank * job.nproc_per_node
-  children = [
-    subprocess.Popen([*program, *command], env=job.child_env(i, env), stdout=stdout) for i in range(job.nproc_per_node)
-  ]
+  children: list[subprocess.Popen] = []
   received: list[int] = []
 
   def forward(signum, frame):  # noqa: ARG001
@@ -106,8 +104,14 @@ def supervise(
       if child.poll() is None:
         child.send_signal(signum)
 
+  # The handler first, then the children: a signal while they start reaches those already started, and
+  # each later one at its start.
   previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
+    for i in range(job.nproc_per_node):
+      children.append(subprocess.Popen([*program, *command], env=job.child_env(i, env), stdout=stdout))
+      if received:
+        children[-1].send_signal(received[0])
     return _watch(children, first, received)
   finally:
     for s, handler in previous.items():

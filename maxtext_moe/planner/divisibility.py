@@ -40,8 +40,9 @@ def indivisible(leaves: list, rules: list, sizes: dict[str, int]) -> list[Indivi
   for path, shape, names in leaves:
     for dim, (size, axes) in enumerate(zip(shape, mesh_axes_of(names, rules), strict=True)):
       ways = math.prod(sizes.get(a, 1) for a in axes)
-      if size % ways:
-        found.append(Indivisible("/".join(path), dim, size, axes, ways))
+      if size % ways:  # named by the axes that split it (size > 1), as a reader counts the ways
+        splitting = tuple(a for a in axes if sizes.get(a, 1) > 1)
+        found.append(Indivisible("/".join(path), dim, size, splitting, ways))
   return found
 
 

@@ -197,10 +197,12 @@ def estimate(
   attention = _attention_bytes(cfg, tokens, d_b, copies)
   narrow = d_b if d_b < 4 else 0
   logits_phase = tokens * vocab * (copies.loss_f32_logits * 4 + copies.loss_narrow_logits * narrow)
-  layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits * narrow)
+  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  heads = 1 + mtp  # loss heads: the model's and each multi-token-prediction layer's
+  layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * heads * narrow)
   layer_phase += moe_dispatch + attention
 
-  layers = int(cfg.num_decoder_layers) + int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  layers = int(cfg.num_decoder_layers) + mtp
   saved_dev, saved_host = _saved_per_layer(cfg, tokens, d_b, rows)
   host = saved_host * layers
   if cfg.optimizer_memory_host_offload:

@@ -18,7 +18,7 @@ class Copies:
   loss_f32_logits: int  # [T, V] float32 in the loss phase
   loss_narrow_logits: int  # [T, V] compute dtype in the loss phase (0 when the compute dtype is f32)
   layer_f32_logits: int  # [T, V] float32 still live while a layer's backward runs
-  layer_narrow_logits: int  # [T, V] compute dtype still live then
+  layer_narrow_logits_per_head: int  # [T, V] compute dtype still live then, per loss head (+ MTP's)
   rows_f32_by_d: int  # [R, D] float32 in the MoE block's backward
   rows_narrow_by_d: int  # [R, D] compute dtype
   rows_narrow_by_f: int  # [R, F] compute dtype
@@ -33,10 +33,12 @@ class Copies:
 XLA_CPU = Copies(4, 1, 2, 0, 1, 4, 6, 0, 4, 0)
 
 # XLA:GPU (proxy on 8 H200s): the logits GEMM writes them narrow and the loss fusion keeps one float32
-# buffer; a layer's backward runs with 2 narrow logits buffers live, the Mosaic GEMM's padded row buffers
+# buffer; a layer's backward runs with each loss head's logits gradient live (narrow: XLA schedules the
+# output projection's weight gradient after the layers' backward; the proxy's main head and its MTP head
+# make 2, Qwen3 and the suite's proxy without MTP 1), the Mosaic GEMM's padded row buffers
 # (4 [R, D], 8 [R, F]), the all_to_all's receive and return buffers (4 [S, D]), and dot-product
 # attention's 2 score buffers with 2 masks.
-XLA_GPU = Copies(1, 2, 0, 2, 0, 4, 8, 4, 2, 2)
+XLA_GPU = Copies(1, 2, 0, 1, 0, 4, 8, 4, 2, 2)
 
 
 def for_hardware(hardware: str) -> Copies:

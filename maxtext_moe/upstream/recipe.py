@@ -53,9 +53,18 @@ class Recipe:
 
   def shared_by_all_processes(self) -> "Recipe":
     """In a multi-process job every process must write to one run directory: all take process 0's clock
-    for the derived run name (their own may be a second apart)."""
+    for the derived run name (their own may be a second apart).
+
+    On CPU it also turns JAX's persistent compilation cache off unless the user set jax_cache_dir: JAX
+    writes it from process 0 only, so on a rerun process 0 loads the train step in seconds while the
+    others compile it, and the first collective after it (gloo, whose rendezvous waits 30 s) fails."""
+    extra = []
+    if str(self.keys.plugin.recipe_hardware) == "cpu" and not any(
+      o.startswith("jax_cache_dir=") for o in self.user_overrides
+    ):
+      extra = ["jax_cache_dir="]
     if self.keys.run_name_set:
-      return self
+      return replace(self, overrides=[*self.overrides, *extra])
     import numpy as np  # pylint: disable=import-outside-toplevel
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
@@ -63,7 +72,7 @@ class Recipe:
     day, second = (int(now.strftime(f)) for f in ("%Y%m%d", "%H%M%S"))
     day, second = (int(v) for v in multihost_utils.broadcast_one_to_all(np.array([day, second], np.int32)))
     shared = datetime.datetime.strptime(f"{day:08d}{second:06d}", "%Y%m%d%H%M%S")
-    return replace(self, overrides=[*self.user_overrides, *derived_overrides(self.keys, shared)])
+    return replace(self, overrides=[*self.user_overrides, *derived_overrides(self.keys, shared), *extra])
 
   def resolve(self) -> Any:
     """The one MaxText resolution of this recipe. It starts the JAX backend first, unless dump_hlo is on:

@@ -34,6 +34,13 @@ UNREADABLE = "unreadable_checkpoints"
 RESTORE_LOG = "checkpoint_restore.log"  # what a failed restore printed, in the run directory
 
 
+def restore_log(checkpoint_dir: Path) -> Path:
+  """This process's restore log, next to the checkpoints: one file per process (each truncates and removes
+  its own; a shared one was removed under another process still writing it)."""
+  index = jax.process_index()
+  return checkpoint_dir.parent / (RESTORE_LOG if index == 0 else f"checkpoint_restore.{index}.log")
+
+
 class NonFiniteLoss(Exception):
   """A training step's loss was NaN or Inf and the run must stop (on_nonfinite_loss)."""
 
@@ -150,7 +157,7 @@ class RecoveryPatches:
       return load(checkpoint_manager, *args, step=step, **kwargs)
     steps = sorted(checkpointing.all_steps(checkpoint_manager), reverse=True)
     failures: list[tuple[int, str]] = []
-    log = Path(checkpoint_manager.directory).parent / RESTORE_LOG
+    log = restore_log(Path(checkpoint_manager.directory))
     for candidate in steps:
       damage = self._damage(Path(checkpoint_manager.directory) / str(candidate))
       if damage is not None:
@@ -187,16 +194,17 @@ class RecoveryPatches:
       _report(self.rec, checkpoint_manager, good, failures)
       # The failed reads' threads print "Event loop is closed" tracebacks until the process ends: from now
       # on fd 2 goes to the restore log (the run's own lines go to standard output or `stderr.say`).
-      stderr.divert_rest(Path(checkpoint_manager.directory).parent / RESTORE_LOG)
+      stderr.divert_rest(restore_log(Path(checkpoint_manager.directory)))
     self.rec.resumed_from = good
     self.rec.announce(f"maxtext-moe: resuming from checkpoint {good} ({checkpoint_manager.directory}/{good})")
 
   def _unreadable(self, where: Path, count: int, failures: list[tuple[int, str]]) -> UserError:
     newest, why = failures[0]
-    stderr.divert_rest(where.parent / RESTORE_LOG)  # the failed reads' threads still print
+    log = restore_log(where)
+    stderr.divert_rest(log)  # the failed reads' threads still print
     if not self.rec.fallback:
       return UserError(
-        f"checkpoint {newest} in {where} cannot be read ({why}; details in {where.parent / RESTORE_LOG}); "
+        f"checkpoint {newest} in {where} cannot be read ({why}; details in {log}); "
         "set checkpoint_fallback=true to resume from the newest readable one"
       )
     return UserError(
