@@ -18,6 +18,7 @@ def test_bench_cli_parses():
   assert (ns.which, ns.json, ns.backends) == ("moe", True, ["tiled"])
 
 
+@pytest.mark.extended
 def test_bounded_ep_measurement_on_a_small_shape(monkeypatch):
   """`bench moe`'s bounded-memory rows on a shape small enough for a test: less XLA temporary memory than
   the worst-case buffers, one round for natural routing, more for every token on one rank, nothing dropped.

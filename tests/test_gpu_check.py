@@ -44,6 +44,7 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert f"  {backend:<12}       8" in r.stdout
 
 
+@pytest.mark.extended
 def test_the_gemm_part_needs_only_jax(tmp_path):
   """The bare CUDA JAX machine has neither maxtext nor its dependencies: the check still runs and says
   why the layer part is missing."""

@@ -244,7 +244,7 @@ def test_real_ragged_all_to_all_traces_through_forward_and_backward():
   assert text.count("custom_call @ragged_all_to_all") >= 4
 
 
-@pytest.mark.parametrize("routing", ["random", "one_rank"])
+@pytest.mark.parametrize("routing", ["random", pytest.param("one_rank", marks=pytest.mark.extended)])
 def test_rounds_skipped_after_the_first_equal_rounds_skipped_each(routing):
   """The GPU layout of the bounded rounds (round 0 always, the rest under one conditional) gives the CPU
   layout's outputs and gradients, for random routing and for adversarial routing (several rounds)."""

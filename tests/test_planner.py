@@ -98,6 +98,7 @@ def test_a_recipe_that_does_not_fit_gets_the_cheapest_fix():
   assert "DOES NOT FIT" in result.table() and "cheapest fix (offload preset): offload=optimizer" in result.table()
 
 
+@pytest.mark.extended
 def test_plan_cli_exit_codes_and_messages(tmp_path):
   fits = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "--json"], cwd=tmp_path)
   assert fits.returncode == 0, fits.stderr

@@ -42,6 +42,7 @@ def _sigterm_after(tmp_path, args: list[str], step: int) -> subprocess.Completed
   return subprocess.CompletedProcess(args, proc.returncode, out.read_text(), err.read_text())
 
 
+@pytest.mark.extended
 def test_sigterm_saves_and_the_printed_command_resumes_to_the_same_losses(tmp_path):
   common = ["steps=10", "checkpoint_period=5", "progress=plain", *FAST]
   r = run_cli(["train", "run_name=whole", *common], cwd=tmp_path)

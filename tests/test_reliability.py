@@ -67,6 +67,7 @@ def test_a_second_run_with_the_same_name_refuses_and_a_killed_holder_frees_it(tm
   assert again.returncode == 0, again.stderr[-3000:]
 
 
+@pytest.mark.extended
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_earlier_checkpoint(tmp_path):
   """`ulimit -f`: the save that does not fit fails with EFBIG; the run ends with exit 74 and one line, the
   unfinished save is gone, the complete checkpoint before it is intact, and a rerun resumes from it."""

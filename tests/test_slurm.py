@@ -64,7 +64,17 @@ def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(clus
   # The same job uninterrupted, as two processes of one device each (launch): the same losses. Not one
   # process with two devices: each process reads its own shard of the data, so the batches differ.
   ref = run_cli(
-    ["launch", "--nproc-per-node", "2", "--", "train", f"steps={STEPS}", "run_name=ref", "checkpoint_period=1000", *FAST],
+    [
+      "launch",
+      "--nproc-per-node",
+      "2",
+      "--",
+      "train",
+      f"steps={STEPS}",
+      "run_name=ref",
+      "checkpoint_period=1000",
+      *FAST,
+    ],
     cwd=tmp_path,
   )
   assert ref.returncode == 0, ref.stderr[-3000:]

@@ -32,7 +32,13 @@ def _train(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.init_timeout <= 0:
     raise UserError(f"--init-timeout must be > 0 seconds, got {ns.init_timeout}")
   dist = Distributed(ns.coordinator, ns.num_processes, ns.process_id, ns.local_rank, ns.init_timeout)
-  train(recipe, overrides, verbose=ns.verbose, out=out, dist=dist)
+  checked = train(recipe, overrides, verbose=ns.verbose, out=out, dist=dist, check_only=ns.check)
+  if ns.check:
+    print(
+      f"train {checked['recipe']}: the config resolves and every check before training passes on "
+      f"{checked['devices']} device(s) in {checked['processes']} process(es); nothing was written",
+      file=out,
+    )
   return 0
 
 
@@ -111,6 +117,12 @@ def _register_jobs(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     "rerunning with the same run_name resumes from the last checkpoint.",
   )
   p.add_argument("args", nargs="*", metavar="[RECIPE] [key=value]")
+  p.add_argument(
+    "--check",
+    action="store_true",
+    help="resolve the config and run every check made before training (keys, layout, paths, MoE path), "
+    "then stop: exit 0 or one line and exit 2, nothing written (SFT data is checked when training starts)",
+  )
   g = p.add_argument_group(
     "multi-process jobs",
     "One process per GPU. Found by itself under SLURM (srun, one task per GPU) and under 'maxtext-moe launch' "

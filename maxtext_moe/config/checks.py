@@ -163,8 +163,29 @@ def check_run_name(cfg: Any) -> None:
     )
 
 
+# MaxText 0.2.5's attention kernels (layers/attention_op.py): its config takes any string here and an
+# unknown one fails only when the model is traced, as a ValueError from deep inside (found by fuzzing).
+ATTENTION_KERNELS = (
+  "autoselected",
+  "dot_product",
+  "flash",
+  "cudnn_flash_te",
+  "cudnn_flash_jax",
+  "paged",
+  "vllm_rpa",
+  "vllm_batched_rpa",
+)
+
+
+def check_attention_kernel(cfg: Any) -> None:
+  kernel = str(getattr(cfg, "attention", "autoselected"))
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f"attention={kernel!r} is not one of MaxText's attention kernels: {', '.join(ATTENTION_KERNELS)}")
+
+
 ALL_CHECKS = (
   check_run_name,
+  check_attention_kernel,
   check_one_auto_axis,
   check_layout_fits_devices,
   check_experts_divisible_by_ep,

@@ -53,6 +53,10 @@ def check_platform(cfg: Any, *, platform: str) -> None:
       "inside a step only for GPU and TPU); the optimizer and parameter parts do apply",
       file=sys.stderr,
     )
+  if platform == "cpu" and str(cfg.attention) not in ("autoselected", "dot_product"):
+    raise UserError(  # MaxText's other kernels raise at trace time on CPU (NotImplementedError, found by fuzzing)
+      f"attention={cfg.attention} needs a GPU or TPU; use attention=dot_product (or autoselected) on CPU"
+    )
   if platform == "cpu" and str(cfg.moe_dispatch) == "ragged_all_to_all":
     raise UserError(
       "moe_dispatch=ragged_all_to_all needs a GPU or TPU (XLA:CPU has no ragged-all-to-all); "

@@ -118,9 +118,11 @@ def train(
   verbose: bool = False,
   out: IO[str] = sys.stdout,
   dist: Distributed = Distributed(),
+  check_only: bool = False,
 ) -> dict[str, Any]:
   """Runs one training job (this process's part of it) and returns its summary; progress and summary go
-  to `out` from process 0. Raises UserError for bad input."""
+  to `out` from process 0. Raises UserError for bad input. `check_only`: resolve and run every check
+  before training, write nothing, and return what was checked."""
   import jax
   from absl import logging as absl_logging
 
@@ -140,6 +142,8 @@ def train(
   check_moe_path(cfg)
   check_inputs(cfg)
   check_layout_divides(cfg, num_devices=jax.device_count())  # traces the model: needs a batch (above)
+  if check_only:
+    return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}
   cfg = sft.prepare(absolute_checkpoint_paths(cfg), lead=jax.process_index() == 0)
   recorder = _start_run(cfg, recipe, applied, job, out)
   return _run(cfg, recipe, recorder, distributed=job is not None)

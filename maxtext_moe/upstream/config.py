@@ -25,7 +25,7 @@ from maxtext.configs import pyconfig, types
 from maxtext.utils import globals as mt_globals
 from maxtext.utils import max_utils
 
-from maxtext_moe.config import checks, model_file, offload
+from maxtext_moe.config import checks, layers, model_file, offload
 from maxtext_moe.config.keys import PluginKeys
 from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
@@ -152,6 +152,7 @@ def _refuse_derived(overrides: list[str]) -> None:
 
 
 def _merged(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
+  layers.check_chain(Path(config_path), maxtext_configs_dir())
   return omegaconf.OmegaConf.merge(
     pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
     omegaconf.OmegaConf.from_cli(list(overrides)),

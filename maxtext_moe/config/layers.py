@@ -1,0 +1,50 @@
+"""The chain of YAML layers a recipe names through `base_config`, checked before MaxText loads it.
+
+MaxText's loader (`pyconfig._load_config`) follows `base_config` recursively and merges each file into the
+next. A file that is a YAML list, not a mapping, makes that merge raise a TypeError; a chain that comes back
+to a file recurses until Python's limit; a base that exists nowhere is an OSError from deep inside. Walked
+here first, each is one line naming the file. A base is looked for as MaxText looks: next to the file that
+names it, then in MaxText's configs directory.
+"""
+
+from pathlib import Path
+
+import omegaconf
+import yaml
+
+from maxtext_moe.errors import UserError
+
+
+def check_chain(config_path: Path, maxtext_configs: Path) -> list[Path]:
+  """The layers from `config_path` down to the last base, or UserError (one line) for a bad one. Read as
+  MaxText reads them (OmegaConf, so `base_config: ${maxtext_configs:base.yml}` resolves, given the
+  resolvers are installed)."""
+  chain: list[Path] = []
+  path = Path(config_path).resolve()
+  while True:
+    if path in chain:
+      loop = " -> ".join(p.name for p in [*chain, path])
+      raise UserError(f"{chain[-1]}: base_config comes back to {path.name} ({loop}); end the chain at a base")
+    chain.append(path)
+    try:
+      data = omegaconf.OmegaConf.load(path)
+      base = data.get("base_config") if isinstance(data, omegaconf.DictConfig) else None
+    except (yaml.YAMLError, omegaconf.errors.OmegaConfBaseException):
+      return chain  # MaxText's loader reports where (a one-line error above this)
+    if not isinstance(data, omegaconf.DictConfig):
+      raise UserError(f"{path}: a config file is a mapping of key: value lines, not a list")
+    if not base:
+      return chain
+    path = _find(str(base), path, maxtext_configs)
+
+
+def _find(base: str, named_in: Path, maxtext_configs: Path) -> Path:
+  if Path(base).is_absolute():
+    candidates = [Path(base)]
+  else:
+    candidates = [named_in.parent / base, maxtext_configs / base]
+  for candidate in candidates:
+    if candidate.is_file():
+      return candidate.resolve()
+  where = " or ".join(str(c) for c in candidates)
+  raise UserError(f"{named_in}: base_config {base} not found (looked for {where})")
