@@ -183,9 +183,17 @@ def check_attention_kernel(cfg: Any) -> None:
     raise ValueError(f"attention={kernel!r} is not one of MaxText's attention kernels: {', '.join(ATTENTION_KERNELS)}")
 
 
+def check_num_slices(cfg: Any) -> None:
+  """-1 (count them from the devices) or a positive number; 0 divided by zero inside (found by fuzzing)."""
+  slices = int(getattr(cfg, "num_slices", -1))
+  if slices == 0 or slices < -1:
+    raise ValueError(f"num_slices={slices} must be -1 (counted from the devices) or the number of slices (>= 1)")
+
+
 ALL_CHECKS = (
   check_run_name,
   check_attention_kernel,
+  check_num_slices,
   check_one_auto_axis,
   check_layout_fits_devices,
   check_experts_divisible_by_ep,

@@ -68,6 +68,8 @@ def load_yaml(path: Path) -> Any:
 
 def read(path: str | Path) -> dict[str, Any]:
   """The keys of a model YAML, checked to be model keys only."""
+  if not isinstance(path, str | Path):  # YAML or key=value read a number or a list (found by fuzzing)
+    raise UserError(f"model_file={path!r} must be the path of a model YAML file")
   path = Path(path)
   if not path.is_file():
     raise UserError(f"model_file {path} does not exist (it is written by 'maxtext-moe convert hf-to-maxtext')")
