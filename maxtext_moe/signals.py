@@ -76,10 +76,3 @@ def under_cleanup() -> Iterator[None]:
 def received() -> str | None:
   """The signal the early handler took, if any (its exception may have been converted on its way)."""
   return _RECEIVED[0] if _RECEIVED else None
-
-
-def stop_if_received() -> None:
-  """Raises StopBeforeStart if the early handler took a signal: for the handler that replaces it, once
-  that one is in place (so no signal falls between the two)."""
-  if _RECEIVED:
-    raise StopBeforeStart(_RECEIVED[0])

@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Iterator
 
-from maxtext_moe import signals, stderr
+from maxtext_moe import stderr
 from maxtext_moe.upstream.recovery import Recovery
 
 
@@ -38,7 +38,6 @@ def graceful_stop(rec: Recovery, *, distributed: bool) -> Iterator[list[str]]:
   names = [signal.SIGINT] if distributed else [signal.SIGINT, signal.SIGTERM]
   previous = {s: signal.signal(s, handler) for s in names}
   try:
-    signals.stop_if_received()  # a SIGTERM before this handler whose exception was lost on its way
     yield received
   finally:
     for s, h in previous.items():
