@@ -72,8 +72,10 @@ def test_finetune_recipe_refuses_to_start_from_random_weights(upstream_config, t
 
 
 def test_every_model_file_is_used_by_a_recipe():
-  """deepseek3-from-hf is the model of converted checkpoints, used through model_file."""
-  used = {r.split("/")[1] for r in ALL_RECIPES} | {"deepseek3-from-hf"}
+  """The families' <name>-from-hf files are the models of converted checkpoints, used through model_file."""
+  from maxtext_moe.checkpoint.families import FAMILIES
+
+  used = {r.split("/")[1] for r in ALL_RECIPES} | {f.model_name for f in FAMILIES.values()}
   assert {p.stem for p in MODEL_FILES} <= used
 
 

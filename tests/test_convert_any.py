@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import REPO, run_cli
-from maxtext_moe.checkpoint import convert, export, hf_config
+from maxtext_moe.checkpoint import convert, export, families
 from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
 from maxtext_moe.errors import UserError
 
@@ -175,12 +175,13 @@ def test_cli_converts_without_model_and_prints_a_readable_size(tmp_path):
 
 
 def test_every_model_key_is_one_a_model_file_may_set():
-  from maxtext_moe.config.model_file import MODEL_KEYS
-
-  keys = hf_config.model_keys(json.loads((FIXTURES / "deepseek_v3" / "config.json").read_text()))
-  assert set(keys) <= set(MODEL_KEYS)
-  structure = REPO / "configs" / "models" / f"{hf_config.FROM_HF}.yml"
   import yaml
 
-  shared = yaml.safe_load(structure.read_text())
-  assert hf_config.STRUCTURE.items() <= shared.items() and not set(shared) & set(MODEL_KEYS)
+  from maxtext_moe.config.model_file import MODEL_KEYS
+
+  for fixture in ("deepseek_v3", "qwen3_30b_a3b", "mixtral_8x7b"):
+    raw = json.loads((FIXTURES / fixture / "config.json").read_text())
+    keys, family = families.model_keys(raw), families.for_config_json(raw)
+    assert set(keys) <= set(MODEL_KEYS), fixture
+    shared = yaml.safe_load((REPO / "configs" / "models" / f"{family.model_name}.yml").read_text())
+    assert family.structure.items() <= shared.items() and not set(shared) & set(MODEL_KEYS), fixture

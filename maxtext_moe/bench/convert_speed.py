@@ -16,7 +16,7 @@ Memory: the conversion runs in a child process that reports its resident set jus
 (MaxText imported, model tree built) and its peak (VmHWM) after. The "largest tensor group" is the
 largest group of tensors that must be in memory together to write one slice the naive way: one HF
 tensor in the output dtype, here the [32000, 2048] embedding (131 MB bf16). The converter cuts such
-tensors into row blocks of at most 16M elements (`deepseek.MAX_CHUNK_ELEMS`),
+tensors into row blocks of at most 16M elements (`leaf_plan.MAX_CHUNK_ELEMS`),
 so it never holds one whole. `peak_rss_over_largest_tensor_group` =
 (peak - before) / that size.
 """
@@ -79,7 +79,7 @@ def write_synthetic(out: Path, plans, cfg) -> int:
   """A Hugging Face FP8 checkpoint with every tensor `plans` needs; returns its size in bytes."""
   from safetensors.numpy import save_file
 
-  from maxtext_moe.checkpoint import hf_config
+  from maxtext_moe.checkpoint import families
 
   out.mkdir(parents=True)
   rng = np.random.default_rng(0)
@@ -106,7 +106,7 @@ def write_synthetic(out: Path, plans, cfg) -> int:
         shard, shard_bytes = {}, 0
   if shard:
     flush()
-  config = hf_config.hf_config_for(cfg) | {
+  config = families.hf_config_for(cfg) | {
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
   }
   (out / "config.json").write_text(json.dumps(config))

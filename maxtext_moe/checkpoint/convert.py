@@ -1,4 +1,5 @@
-"""`maxtext-moe convert hf-to-maxtext`: Hugging Face DeepSeek-V3 (FP8 or BF16) -> MaxText Orbax, streamed.
+"""`maxtext-moe convert hf-to-maxtext`: a Hugging Face checkpoint of a supported family (`families`:
+DeepSeek-V3 in FP8 or BF16, Qwen3-MoE, Mixtral) -> MaxText Orbax, streamed.
 
   1. Reads every shard's header (not the data) and the model's parameter tree from MaxText itself.
   2. Checks, before writing anything: config.json against the model, and that each needed tensor
@@ -27,7 +28,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from maxtext_moe.checkpoint import deepseek, hf_config, model_spec
+from maxtext_moe.checkpoint import families, leaf_plan, model_spec
+from maxtext_moe.checkpoint.families import deepseek3
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.model_spec import ModelSpec
 from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint
@@ -44,7 +46,7 @@ PROVENANCE = "maxtext_moe_conversion.json"
 WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def model_tree(spec: ModelSpec, *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS):
+def model_tree(spec: ModelSpec, *, max_chunk_elems: int = leaf_plan.MAX_CHUNK_ELEMS):
   """(MaxText config, LeafPlans) of a model laid out on one device."""
   from maxtext_moe.upstream import config as upstream_config
   from maxtext_moe.upstream import model as upstream_model
@@ -52,10 +54,8 @@ def model_tree(spec: ModelSpec, *, max_chunk_elems: int = deepseek.MAX_CHUNK_ELE
   cfg = upstream_config.resolved(spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides])
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
-  abstract = [deepseek.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]
-  plans = deepseek.leaf_plans(
-    abstract, first_dense=cfg.first_num_dense_layers, num_layers=cfg.num_decoder_layers, max_chunk_elems=max_chunk_elems
-  )
+  abstract = [leaf_plan.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]
+  plans = leaf_plan.leaf_plans(abstract, families.for_model(cfg), cfg, max_chunk_elems=max_chunk_elems)
   return cfg, plans
 
 
@@ -66,9 +66,9 @@ def _nest(tree: dict, path: tuple[str, ...], value: Any) -> None:
 
 
 def streamed_tree(
-  plans: list[deepseek.LeafPlan],
+  plans: list[leaf_plan.LeafPlan],
   dtypes: list[np.dtype],
-  chunks: Callable[[deepseek.LeafPlan, np.dtype], Callable[[], Iterator[tuple[tuple[slice, ...], np.ndarray]]]],
+  chunks: Callable[[leaf_plan.LeafPlan, np.dtype], Callable[[], Iterator[tuple[tuple[slice, ...], np.ndarray]]]],
   on_chunk: Callable[[int], None] = lambda nbytes: None,
 ) -> dict:
   """The PyTree hf_to_maxtext writes: a StreamedLeaf per plan at ("params", *its leaf path), whose chunks
@@ -82,14 +82,14 @@ def streamed_tree(
   return tree
 
 
-def leaf_dtypes(plans: list[deepseek.LeafPlan], out_dtype: np.dtype) -> list[np.dtype]:
+def leaf_dtypes(plans: list[leaf_plan.LeafPlan], out_dtype: np.dtype) -> list[np.dtype]:
   """Each leaf's output dtype (README, "dtype rules"): `out_dtype` for matrices and norms, float32 for
   DeepSeek-V3's e_score_correction_bias, which its checkpoints keep in float32 because routing
   compares biased scores that differ in their low bits."""
-  return [np.dtype(np.float32) if deepseek.is_correction_bias(p) else out_dtype for p in plans]
+  return [np.dtype(np.float32) if p.float32 else out_dtype for p in plans]
 
 
-def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: str) -> set[str]:
+def check_hf_tensors(ckpt: HFCheckpoint, plans: list[leaf_plan.LeafPlan], model: str) -> set[str]:
   """Every tensor the plans need exists with the right shape and a supported dtype. Returns their names."""
   used = set()
   for plan in plans:
@@ -112,7 +112,7 @@ def check_hf_tensors(ckpt: HFCheckpoint, plans: list[deepseek.LeafPlan], model: 
 
 
 def make_chunks(
-  ckpt: HFCheckpoint, plan: deepseek.LeafPlan, *, block: tuple[int, int], dtype: np.dtype, workers: int = 1
+  ckpt: HFCheckpoint, plan: leaf_plan.LeafPlan, *, block: tuple[int, int], dtype: np.dtype, workers: int = 1
 ) -> Iterator[tuple[tuple[slice, ...], np.ndarray]]:
   """(MaxText index, chunk) for every chunk of `plan`, in order: read (memmap), dequantized if FP8, laid
   out, cast (`relayout`). With workers > 1 up to `workers` chunks are made at once in threads (XLA
@@ -139,24 +139,58 @@ def make_chunks(
 
 def check_model(ckpt: HFCheckpoint, cfg: Any, spec: ModelSpec) -> None:
   """config.json against the model, every difference at once; then MTP."""
-  problems = hf_config.mismatches(ckpt.config, cfg)
+  problems = families.mismatches(ckpt.config, cfg)
   if problems:
     raise UserError(
       f"config.json of {ckpt.dir} differs from {spec.label}: {'; '.join(problems)}. Drop --model to take the "
       "model from config.json (a key the model file sets needs override_model_config=true)"
     )
-  mtp = int(ckpt.config.get("num_nextn_predict_layers", 0) or 0)
+  mtp = min(int(ckpt.config.get("num_nextn_predict_layers", 0) or 0), _mtp_present(ckpt))
   if cfg.mtp_num_layers > mtp:
     raise UserError(
-      f"{spec.label} has mtp_num_layers={cfg.mtp_num_layers} but the checkpoint has {mtp} MTP layer(s); "
-      "pass mtp_num_layers=0 to convert without MTP"
+      f"{spec.label} has mtp_num_layers={cfg.mtp_num_layers} but {ckpt.dir} holds {mtp} MTP layer(s)"
+      f"{_MTP_DROPPED if _mtp_dropped(ckpt) else ''}; pass mtp_num_layers={mtp} to convert without them"
     )
+
+
+_MTP_DROPPED = (
+  " (config.json has num_nextn_predict_layers, the tensors are absent: transformers' save_pretrained drops them)"
+)
+
+
+def _without_absent_mtp(ckpt: HFCheckpoint, keys: dict[str, Any]) -> list[str]:
+  """A transformers-saved DeepSeek-V3 (config.json promises MTP layers, the tensors are absent): `keys`
+  set to the layers it holds, and the note that says so."""
+  if not (_mtp_dropped(ckpt) and keys.get("mtp_num_layers")):
+    return []
+  promised, present = keys["mtp_num_layers"], _mtp_present(ckpt)
+  keys["mtp_num_layers"] = present
+  return [
+    f"config.json says num_nextn_predict_layers={promised} but the checkpoint holds {present} MTP layer(s) "
+    f"(transformers' save_pretrained drops them): converted without them (mtp_num_layers={present})"
+  ]
+
+
+def _mtp_present(ckpt: HFCheckpoint) -> int:
+  layers = ckpt.config.get("num_hidden_layers")
+  return deepseek3.mtp_layers_present(set(ckpt.tensors), int(layers)) if isinstance(layers, int) else 0
+
+
+def _mtp_dropped(ckpt: HFCheckpoint) -> bool:
+  """config.json promises MTP layers the checkpoint does not hold (a transformers-saved DeepSeek-V3)."""
+  return int(ckpt.config.get("num_nextn_predict_layers", 0) or 0) > _mtp_present(ckpt)
 
 
 def _model_yaml_keys(cfg: Any, keys: dict[str, Any]) -> dict[str, Any]:
   """The written model.yml: the config.json's keys as the resolved config has them (user overrides
   such as mtp_num_layers=0 included)."""
   return {k: v if k == "model_name" else getattr(getattr(cfg, k), "value", getattr(cfg, k)) for k, v in keys.items()}
+
+
+def dtypes_summary(plans: list[leaf_plan.LeafPlan], dtype: str) -> dict[str, str]:
+  """What the summary says of dtypes: `dtype` for matrices and norms, float32 for what stays float32."""
+  kept = sorted({p.hf_template.rsplit(".", 1)[-1] for p in plans if p.float32})
+  return {"matrices and norms": dtype, **dict.fromkeys(kept, "float32")}
 
 
 def check_request(out: str, *, dtype: str, force: bool) -> None:
@@ -169,7 +203,8 @@ def check_request(out: str, *, dtype: str, force: bool) -> None:
 
 def _ignored(ckpt: HFCheckpoint, used: set[str]) -> list[str]:
   """HF tensors no leaf takes (an MTP module left out, ...), scales and known copies aside."""
-  skipped = (n for n in ckpt.tensors if n.endswith("_scale_inv") or deepseek.HF_SKIPPED.match(n))
+  pattern = families.for_config_json(ckpt.config).skipped
+  skipped = (n for n in ckpt.tensors if n.endswith("_scale_inv") or (pattern and pattern.match(n)))
   return sorted(set(ckpt.tensors) - used - set(skipped))
 
 
@@ -188,9 +223,9 @@ def hf_to_maxtext(
   overrides: list[str] = (),
   dtype: str = "bfloat16",
   force: bool = False,
-  max_chunk_elems: int = deepseek.MAX_CHUNK_ELEMS,
+  max_chunk_elems: int = leaf_plan.MAX_CHUNK_ELEMS,
 ) -> dict[str, Any]:
-  """Converts a Hugging Face DeepseekV3ForCausalLM checkpoint to a MaxText parameter checkpoint at
+  """Converts a Hugging Face checkpoint of a supported family to a MaxText parameter checkpoint at
   OUT/items, with OUT/model.yml and OUT/hf_config.json (`model_spec`). The model comes from config.json,
   or is `model` (a recipe or model YAML) checked against it field by field. `max_chunk_elems` bounds the
   unit written at once (tensors above it are cut into row blocks)."""
@@ -198,7 +233,8 @@ def hf_to_maxtext(
 
   check_request(out, dtype=dtype, force=force)
   ckpt = HFCheckpoint(hf_dir)
-  keys = hf_config.model_keys(ckpt.config)
+  keys = families.model_keys(ckpt.config)
+  notes = _without_absent_mtp(ckpt, keys)
   spec = (
     model_spec.from_argument(model, list(overrides))
     if model
@@ -211,7 +247,7 @@ def hf_to_maxtext(
   block = tuple(quant.get("weight_block_size", (128, 128)))
   ignored = _ignored(ckpt, used)
 
-  def chunks(plan: deepseek.LeafPlan, leaf_dtype: np.dtype):
+  def chunks(plan: leaf_plan.LeafPlan, leaf_dtype: np.dtype):
     return functools.partial(make_chunks, ckpt, plan, block=block, dtype=leaf_dtype, workers=WORKERS)
 
   bound_host_memory()
@@ -228,12 +264,13 @@ def hf_to_maxtext(
       "source": str(Path(hf_dir).absolute()),
       "model": spec.label,
       "overrides": list(overrides),
-      "dtypes": {"matrices and norms": dtype, "e_score_correction_bias": "float32"},
+      "dtypes": dtypes_summary(plans, dtype),
       "leaves": len(plans),
       "bytes_written": progress.done,
       "seconds": round(time.perf_counter() - start, 3),
       "ignored_hf_tensors": ignored,
       "ignored_summary": _describe_ignored(ignored, cfg),
+      "notes": notes,
       **_outputs(Path(out)),
     }
     (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -246,8 +283,6 @@ def _describe_ignored(names: list[str], cfg) -> str:
   parts = []
   for prefix, count in sorted(groups.items()):
     m = re.fullmatch(r"model\.layers\.(\d+)\.\*", prefix)
-    hint = ""
-    if m and int(m.group(1)) >= cfg.num_decoder_layers:
-      hint = f"; an MTP module: pass mtp_num_layers={int(m.group(1)) - cfg.num_decoder_layers + 1} to keep it"
+    hint = families.for_model(cfg).ignored_hint(int(m.group(1)), cfg) if m else ""
     parts.append(f"{prefix} ({count} tensors{hint})")
   return ", ".join(parts)

@@ -1,8 +1,8 @@
 """`maxtext-moe convert maxtext-to-hf`: a MaxText parameter checkpoint -> Hugging Face safetensors, streamed.
 
 Reads one (layer, expert) slice of a leaf at a time (`orbax_io.LeafReader`), lays it out as the HF tensor
-(`deepseek.LeafPlan.to_hf`) and writes shards of at most --max-shard-gb plus the index and config.json
-(`hf_config.hf_config_for`: the source config.json carried forward, every architecture field from the
+(`leaf_plan.LeafPlan.to_hf`) and writes shards of at most --max-shard-gb plus the index and config.json
+(`families.hf_config_for`: the source config.json carried forward, every architecture field from the
 model), through `staging.staged_output`. Reads converted checkpoints and MaxText's own training
 checkpoints alike.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_moe.checkpoint import deepseek, hf_config, model_spec
+from maxtext_moe.checkpoint import families, leaf_plan, model_spec
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.safetensors_io import write_shards
 from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
@@ -47,7 +47,7 @@ def _items_dir(ckpt_dir: str) -> Path:
   return items
 
 
-def _stored_paths(reader: Any, plans: list[deepseek.LeafPlan], items: Path, label: str) -> dict:
+def _stored_paths(reader: Any, plans: list[leaf_plan.LeafPlan], items: Path, label: str) -> dict:
   """Leaf path -> where this checkpoint keeps it, every leaf present with the model's shape."""
   stored = {}
   for plan in plans:
@@ -62,12 +62,12 @@ def _stored_paths(reader: Any, plans: list[deepseek.LeafPlan], items: Path, labe
   return stored
 
 
-def _tensors(reader: Any, plans: list[deepseek.LeafPlan], stored: dict, cfg: Any, dtype: np.dtype):
+def _tensors(reader: Any, plans: list[leaf_plan.LeafPlan], stored: dict, cfg: Any, dtype: np.dtype):
   """(HF name, array) of every tensor, in the dtype rules' dtypes; MTP layers get their copies of the
   embedding and the output head."""
   copies = {}
   for plan in plans:
-    out_dtype = np.dtype(np.float32) if deepseek.is_correction_bias(plan) else dtype
+    out_dtype = np.dtype(np.float32) if plan.float32 else dtype
     for name, index in plan.slices():
       yield name, plan.to_hf(reader.read(stored[plan.leaf.path], index)).astype(out_dtype)
     if plan.leaf.path[1:] in (("token_embedder", "embedding"), ("decoder", "logits_dense", "kernel")):
@@ -92,7 +92,7 @@ def maxtext_to_hf(
   """Writes a MaxText parameter or training checkpoint as Hugging Face safetensors shards, the index and
   config.json. The model is `model` (a recipe or model YAML) or the model.yml found next to the checkpoint
   (`model_spec.for_export`). Matrices and norms in `dtype`, the correction bias in float32."""
-  from maxtext_moe.checkpoint.convert import OUT_DTYPES, check_request, model_tree
+  from maxtext_moe.checkpoint.convert import OUT_DTYPES, check_request, dtypes_summary, model_tree
   from maxtext_moe.checkpoint.orbax_io import LeafReader
 
   check_request(out, dtype=dtype, force=force)
@@ -101,7 +101,7 @@ def maxtext_to_hf(
   cfg, plans = model_tree(spec)
   reader = LeafReader(items)
   stored = _stored_paths(reader, plans, items, spec.label)
-  config = hf_config.hf_config_for(cfg, dtype=dtype, source=spec.source_config)
+  config = families.hf_config_for(cfg, dtype=dtype, source=spec.source_config)
   total = sum(int(np.prod(p.leaf.shape)) * OUT_DTYPES[dtype].itemsize for p in plans)
   bound_host_memory()
   start = time.perf_counter()
@@ -115,7 +115,7 @@ def maxtext_to_hf(
       "direction": "maxtext-to-hf",
       "source": str(items),
       "model": spec.label,
-      "dtypes": {"matrices and norms": dtype, "e_score_correction_bias": "float32"},
+      "dtypes": dtypes_summary(plans, dtype),
       "bytes_written": progress.done,
       "seconds": round(time.perf_counter() - start, 3),
     }

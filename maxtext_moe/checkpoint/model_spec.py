@@ -57,7 +57,7 @@ def from_argument(model: str, overrides: list[str]) -> ModelSpec:
 
 
 def from_hf_config(keys: dict[str, Any], overrides: list[str], hf_dir: str) -> ModelSpec:
-  """The model a config.json describes (`checkpoint.hf_config.model_keys`), the user's overrides last."""
+  """The model a config.json describes (`checkpoint.families.model_keys`), the user's overrides last."""
   return ModelSpec(_base(), [*model_file.as_overrides(keys), *overrides], f"the config.json of {hf_dir}")
 
 

@@ -25,7 +25,7 @@ from maxtext_moe.upstream import orbax as orbax_seam
 
 Chunk = tuple[tuple[slice, ...], np.ndarray]
 # Bytes in flight + the chunk being made stay under this many largest chunks (at most 16M elements each,
-# deepseek.MAX_CHUNK_ELEMS). With numpy making chunks, 4 vs 1 took 11.5 s vs 18.7 s for the 2.8 GB
+# leaf_plan.MAX_CHUNK_ELEMS). With numpy making chunks, 4 vs 1 took 11.5 s vs 18.7 s for the 2.8 GB
 # `bench convert`. Since XLA makes them (3x faster), 2, 3 and 4 run at the same speed (0.28-0.32 GB/s on
 # 2 cores) and 2 has the lowest peak RSS: 1.7-2.1x the largest tensor, against 3.1-3.4x with 4.
 INFLIGHT_CHUNKS = 2

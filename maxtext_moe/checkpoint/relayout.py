@@ -41,18 +41,20 @@ def _host_device() -> jax.Device:
     return jax.devices()[0]
 
 
-@functools.partial(jax.jit, static_argnames=("transpose", "dtype", "block"))
-def _fused(data, scale_inv, *, transpose: bool, dtype: np.dtype, block: tuple[int, int]):
+@functools.partial(jax.jit, static_argnames=("transpose", "dtype", "block", "scale"))
+def _fused(data, scale_inv, *, transpose: bool, dtype: np.dtype, block: tuple[int, int], scale: float):
   if scale_inv is not None:
     rows, cols = data.shape
     s_RC = jnp.repeat(jnp.repeat(scale_inv, block[0], axis=0), block[1], axis=1)[:rows, :cols]
     data = data.astype(jnp.float32) * s_RC
+  if scale != 1.0:  # in float32, then one rounding to `dtype`
+    data = data.astype(jnp.float32) * jnp.float32(scale)
   return (data.T if transpose else data).astype(dtype)
 
 
-def relayout(x: StoredTensor | np.ndarray, dtype, *, transpose: bool = False) -> np.ndarray:
-  """x (dequantized when it has a scale), transposed when asked (2-D only), cast to `dtype`: always a new
-  C-ordered array, never a view of x's memory (which may be a memmap of the source file).
+def relayout(x: StoredTensor | np.ndarray, dtype, *, transpose: bool = False, scale: float = 1.0) -> np.ndarray:
+  """x (dequantized when it has a scale), transposed when asked (2-D only), times `scale`, cast to `dtype`:
+  always a new C-ordered array, never a view of x's memory (which may be a memmap of the source file).
 
   Example: FP8 data of shape [200, 130] with block (128, 128) needs scale_inv of shape [2, 2]; rows
   128..199 and columns 128..129 take the partial blocks' scales. With transpose=True the result is [130, 200].
@@ -74,7 +76,7 @@ def relayout(x: StoredTensor | np.ndarray, dtype, *, transpose: bool = False) ->
     scale_inv = np.asarray(scale_inv, np.float32)
   if transpose and data.ndim != 2:
     raise ValueError(f"transpose needs a 2-D tensor, got shape {data.shape}")
-  if scale_inv is None and not transpose and data.dtype == dtype:
+  if scale_inv is None and not transpose and data.dtype == dtype and scale == 1.0:
     return np.array(data, order="C")  # a plain copy: nothing for XLA to fuse
   device = _host_device()
   put = functools.partial(jax.device_put, device=device)
@@ -84,5 +86,6 @@ def relayout(x: StoredTensor | np.ndarray, dtype, *, transpose: bool = False) ->
     transpose=transpose,
     dtype=dtype,
     block=tuple(block),
+    scale=float(scale),
   )
   return np.asarray(out)

@@ -87,6 +87,8 @@ def _convert(ns: argparse.Namespace, out: IO[str]) -> int:
   if summary.get("ignored_hf_tensors"):
     n = len(summary["ignored_hf_tensors"])
     print(f"maxtext-moe: left out {n} HF tensors this model has no place for: {summary['ignored_summary']}", file=out)
+  for note in summary.get("notes", ()):
+    print(f"maxtext-moe: note: {note}", file=out)
   if "load_parameters_path" in summary:
     print(
       f"maxtext-moe: train from it with load_parameters_path={summary['load_parameters_path']} "
@@ -237,16 +239,20 @@ def _register_convert(sub: argparse._SubParsersAction, common: argparse.Argument
   p = sub.add_parser(
     "convert",
     parents=[common],
-    help="convert DeepseekV3ForCausalLM checkpoints between Hugging Face and MaxText",
+    help="convert DeepSeek-V3, Qwen3-MoE and Mixtral checkpoints between Hugging Face and MaxText",
     description="hf-to-maxtext: Hugging Face safetensors (BF16, F32, or FP8 e4m3 with 128x128 "
     "weight_scale_inv blocks, dequantized on the fly) -> a MaxText Orbax parameter checkpoint at OUT/items "
     "(for load_parameters_path), with OUT/model.yml (the model read from config.json, for model_file) and "
-    "OUT/hf_config.json. Any DeepseekV3ForCausalLM works (DeepSeek-V3/R1/V3.1, Moonlight, Kimi-K2, ...): the "
-    "model comes from config.json, every architecture field mapped or named if MaxText cannot represent it. "
+    "OUT/hf_config.json. Families (config.json's architectures): DeepseekV3ForCausalLM (DeepSeek-V3/R1/V3.1, "
+    "Moonlight, Kimi-K2, ...), Qwen3MoeForCausalLM (Qwen3-30B-A3B, Qwen3-235B-A22B, ...) and MixtralForCausalLM "
+    "(Mixtral-8x7B/8x22B): the model comes from config.json, every architecture field mapped or named if "
+    "MaxText cannot represent it. "
     "maxtext-to-hf: the reverse, shards + index + config.json. Both stream one (layer, expert) slice at a "
     "time, check every tensor before writing, and write into a temporary directory renamed at the end. "
     "dtype rules: matrices and norms in --dtype, e_score_correction_bias always float32.",
-    epilog="Example: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --out /ckpt/dsv3",
+    epilog="Examples: maxtext-moe convert hf-to-maxtext --hf /data/DeepSeek-V3 --out /ckpt/dsv3; "
+    "maxtext-moe convert hf-to-maxtext --hf /data/Qwen3-30B-A3B --out /ckpt/qwen3 (then train "
+    "h200x8/qwen3-30b-a3b-finetune load_parameters_path=/ckpt/qwen3/items model_file=/ckpt/qwen3/model.yml)",
   )
   p.add_argument("direction", choices=["hf-to-maxtext", "maxtext-to-hf"])
   p.add_argument("--hf", help="Hugging Face model directory (config.json + *.safetensors) to read")

@@ -15,7 +15,7 @@ import yaml
 
 from maxtext_moe.errors import UserError
 
-# Every MaxText key a model YAML may set (checkpoint/hf_config.py writes a subset of these).
+# Every MaxText key a model YAML may set (checkpoint/families/ write a subset of these).
 MODEL_KEYS = (
   "model_name",
   "base_emb_dim",
@@ -51,6 +51,7 @@ MODEL_KEYS = (
   "rope_truncate",
   "rope_attention_scaling",
   "mla_norm_epsilon",
+  "head_dim",
 )
 
 
