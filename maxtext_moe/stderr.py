@@ -4,7 +4,8 @@ An Orbax restore that fails leaves reader threads printing tracebacks ("RuntimeE
 closed") until the process ends. `diverted(log)` sends fd 2 to a log file during such a read (shown
 afterwards when the read works); `divert_rest(log)` keeps it there once the run is given up on; and
 `last_word(line)` writes the one-line error to the real standard error and sends what follows to the
-log (or /dev/null), so the line is the last thing a user sees. Hand-written: it is a few dup2 calls.
+log (or /dev/null), so the line is the last thing a user sees; `hide_closed_loop_reports` drops one
+report that races all of these. Hand-written: it is a few dup2 calls and a hook.
 """
 
 import contextlib
@@ -39,6 +40,30 @@ def diverted(log: Path) -> Iterator[None]:
         f.truncate(start)
   if ok and log.exists() and log.stat().st_size == 0:
     log.unlink(missing_ok=True)
+
+
+def _closed_loop(kind: type, value: BaseException | None) -> bool:
+  return kind is RuntimeError and str(value) == "Event loop is closed"
+
+
+def hide_closed_loop_reports() -> None:
+  """TensorStore's threads hand results to Orbax's asyncio loop; when Orbax has given up on a failed read
+  or write and closed the loop, each late result is reported as an unraisable exception
+  (PyErr_WriteUnraisable, which calls sys.unraisablehook; its PyErr_Print calls sys.excepthook):
+  "RuntimeError: Event loop is closed", a traceback each. Seen with a full disk under load: up to eight,
+  before the failure's first log record could divert fd 2. They say nothing a user can act on (the failure
+  itself ends the run in one line), so they are dropped; every other report is shown."""
+  except_hook, unraisable_hook = sys.excepthook, sys.unraisablehook
+
+  def on_exception(kind, value, tb):
+    if not _closed_loop(kind, value):
+      except_hook(kind, value, tb)
+
+  def on_unraisable(args):
+    if not _closed_loop(args.exc_type, args.exc_value):
+      unraisable_hook(args)
+
+  sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
 
 
 def divert_rest(log: Path) -> None:

@@ -29,7 +29,7 @@ def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
   cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
   assert cfg.finetune == finetune
-  model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft")
+  model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft").removesuffix("-nvidia")
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
@@ -50,13 +50,25 @@ def test_every_yaml_parses_and_uses_known_keys(path, upstream_config):
   assert unknown == set()
 
 
-@pytest.mark.parametrize("name", ALL_RECIPES)
-def test_recipe_sets_no_key_its_model_file_also_sets(name):
-  """MaxText merges models/<model_name>.yml over the base chain, so such a recipe key would be silently lost."""
-  recipe = yaml.safe_load((CONFIGS / "recipes" / f"{name}.yml").read_text())
-  model_name = recipe.get("model_name") or name.split("/")[1].removesuffix("-finetune").removesuffix("-sft")
-  model = yaml.safe_load((CONFIGS / "models" / f"{model_name}.yml").read_text())
-  assert set(recipe) & set(model) == set()
+def test_a_recipe_key_its_model_file_also_sets_wins_and_the_command_line_is_still_checked(tmp_path, upstream_config):
+  """MaxText merges models/<model_name>.yml over the recipe, so n_routing_groups: -1 in a recipe for
+  deepseek3-671b (whose model file says 8) trained with 8 and said nothing. The recipe wins now; a
+  command-line key the model file sets is still refused unless override_model_config=true, as MaxText does."""
+  from maxtext_moe.errors import UserError
+
+  recipe = tmp_path / "mine.yml"
+  base = CONFIGS / "recipes" / "gb200-nvl72" / "deepseek3-671b.yml"
+  recipe.write_text(
+    f"base_config: {base}\nn_routing_groups: -1\ntopk_routing_group: -1\nrouted_bias_update_rate: 0.0\n"
+  )
+  cfg = upstream_config.resolve(recipe, [])
+  assert (cfg.n_routing_groups, cfg.topk_routing_group, cfg.routed_bias_update_rate) == (-1, -1, 0.0)
+  assert upstream_config.resolve(base, []).n_routing_groups == 8, "the shipped recipe keeps its model's value"
+  with pytest.raises(UserError, match=r"Keys \['num_experts'\] are overridden by both model config and CLI"):
+    upstream_config.resolve(recipe, ["num_experts=128"])
+  assert upstream_config.resolve(recipe, ["num_experts=128", "override_model_config=true"]).num_experts == 128
+  nvidia = upstream_config.layer_keys(recipes.recipe_path("gb300x128/deepseek3-671b-nvidia"), [])
+  assert nvidia.recipe_over_model == ["routed_bias_update_rate=0.0", "n_routing_groups=-1", "topk_routing_group=-1"]
 
 
 def test_finetune_recipe_refuses_to_start_from_random_weights(upstream_config, tmp_path):

@@ -53,6 +53,7 @@ def test_transformers_saved_deepseek_converts_without_mtp_and_says_so(tmp_path):
   assert "pass mtp_num_layers=0" in str(e.value) and not (tmp_path / "o2").exists()
 
 
+@pytest.mark.extended
 def test_transformers_saved_deepseek_exports_a_config_of_what_it_holds(tmp_path):
   """The export's config.json is the source's but for num_nextn_predict_layers (0: what the checkpoint
   holds, so transformers and vLLM look for no MTP weights), and converted back it gives the logits."""

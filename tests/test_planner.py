@@ -83,7 +83,17 @@ def test_671b_rack_fits_and_reports_every_component():
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention
 
 
-@pytest.mark.parametrize("recipe", [r for r in recipes.list_recipes() if not r.startswith("cpu/")])
+def _gpu_recipes() -> list:
+  """Every GPU recipe; the -finetune/-sft variants (their base's layout and model) in the extended tier."""
+  variants = ("-finetune", "-sft")
+  return [
+    pytest.param(r, marks=pytest.mark.extended) if r.endswith(variants) else r
+    for r in recipes.list_recipes()
+    if not r.startswith("cpu/")
+  ]
+
+
+@pytest.mark.parametrize("recipe", _gpu_recipes())
 def test_every_gpu_recipe_fits_by_the_planner(recipe):
   """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64 and mixtral on H100)."""
   result = memory_plan(recipe, [])

@@ -31,7 +31,7 @@ from maxtext_moe import signals
 from maxtext_moe.cli import data_commands, gpu_commands, run_commands, tool_commands
 from maxtext_moe.cli.output import routed_stdout
 from maxtext_moe.errors import EXIT_NO_SPACE, EXIT_RESUMABLE, RunEnded, UserError, no_space
-from maxtext_moe.stderr import last_word
+from maxtext_moe.stderr import hide_closed_loop_reports, last_word
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +106,8 @@ def _stopped_early(name: str) -> int:
 def _main(argv: list[str] | None) -> int:
   parser = build_parser()
   ns, extra = parser.parse_known_args(argv)
+  if not getattr(ns, "verbose", False):
+    hide_closed_loop_reports()
   if extra:  # key=value overrides may follow a command's options; anything else is an error
     target = "overrides" if getattr(ns, "command", None) == "convert" else "args" if hasattr(ns, "args") else None
     if target is None or any(a.startswith("-") or "=" not in a for a in extra):

@@ -81,10 +81,30 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       "counted on the device here; `fits` subtracts the planner's offloaded bytes (the CUDA lowering keeps "
       "the placements: tests/test_offload.py)"
     )
+  extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
+  extra, said = extra + extra_te, said + said_te
   attention = str(keys.maxtext["attention"])
   if attention in NEEDS_CUDNN:
     extra.append("attention=dot_product")
     said.append(f"attention={attention} needs cuDNN at compile time: compiled with dot_product attention")
+  return extra, said
+
+
+def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[list[str], list[str]]:
+  """MaxText's own TE paths (its TE MoE block, TE's FP8 dense GEMMs), which need TE to trace."""
+  if te_available:
+    return [], []
+  extra, said = [], []
+  if maxtext["te_moe_block"]:
+    extra += ["te_moe_block=false", "prefuse_moe_weights=false"]
+    said.append(
+      "te_moe_block=true runs Transformer Engine's fused moe(), which does not import here: compiled with "
+      "MaxText's own sparse_matmul MoE (ragged all-to-all, the recipe's capacity), unfused weights"
+    )
+  quantization = str(maxtext["quantization"] or "")
+  if quantization.startswith("te_"):
+    extra.append("quantization=")
+    said.append(f"quantization={quantization} needs Transformer Engine: compiled with bf16 dense GEMMs")
   return extra, said
 
 

@@ -31,6 +31,7 @@ from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
+from maxtext_moe.upstream import model_yaml
 from maxtext_moe.upstream.patches import Patch, installed
 
 
@@ -104,6 +105,7 @@ class LayerKeys:
 
   plugin: PluginKeys
   model_overrides: list[str]  # the model YAML's keys (plugin key model_file), as key=value
+  recipe_over_model: list[str]  # the recipe's keys that models/<model_name>.yml also sets (`model_yaml`)
   run_name: str
   run_name_set: bool  # by a YAML layer or an override, not left to MaxText's default
   base_output_directory: str
@@ -128,7 +130,13 @@ _LAYER_PLUGIN_KEYS = (
   "moe_gemm_backend",
 )
 # MaxText's keys the launcher reads from the layers (MaxText's defaults where they are unset).
-MAXTEXT_LAYER_KEYS = {"num_slices": 1, "attention": "autoselected", "ici_expert_parallelism": 1}
+MAXTEXT_LAYER_KEYS = {
+  "num_slices": 1,
+  "attention": "autoselected",
+  "ici_expert_parallelism": 1,
+  "te_moe_block": False,
+  "quantization": "",
+}
 MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1}
 
 
@@ -180,6 +188,9 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
       k: _layer_value(merged, k) for k in ("model_name", "dump_hlo", "dump_hlo_local_dir", "dump_hlo_local_module_name")
     }
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
+    recipe_over_model = model_yaml.recipe_over_model(
+      config_path, str(raw["model_name"] or "default"), overrides, maxtext_configs_dir()
+    )
     values = {k: _layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
     values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
   except (pydantic.ValidationError, ValueError, yaml.YAMLError, omegaconf.errors.OmegaConfBaseException) as e:
@@ -187,6 +198,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
   return LayerKeys(
     plugin=plugin,
     model_overrides=model_overrides,
+    recipe_over_model=recipe_over_model,
     run_name=str(raw["run_name"] or ""),
     run_name_set=bool(raw["run_name"]),
     base_output_directory=str(raw["base_output_directory"] or ""),
@@ -208,7 +220,15 @@ def _dump_flags(raw: dict[str, Any]) -> list[str]:
 def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys) -> list[str]:
   """The argv MaxText resolves: the offload preset's keys and the model YAML's, then the user's overrides
   (so theirs win)."""
-  return ["", str(config_path), *offload.preset_overrides(keys.plugin.offload), *keys.model_overrides, *overrides]
+  ours = keys.recipe_over_model + (["override_model_config=true"] if keys.recipe_over_model else [])
+  return [
+    "",
+    str(config_path),
+    *offload.preset_overrides(keys.plugin.offload),
+    *ours,
+    *keys.model_overrides,
+    *overrides,
+  ]
 
 
 _UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")

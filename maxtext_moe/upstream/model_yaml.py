@@ -1,0 +1,82 @@
+"""A recipe's keys that its model YAML also sets: MaxText would take the model's, silently.
+
+MaxText 0.2.5 (`pyconfig._initialize_pydantic`) merges the config file (our recipe and its base_config
+chain), then `models/<model_name>.yml` over it, then the command line. So a recipe that sets, say,
+`n_routing_groups: -1` for a model whose YAML says 8 trains with 8 and says nothing. Here the recipe's
+value wins: such keys are passed as overrides ahead of the user's, with `override_model_config=true`,
+and because that also switches off MaxText's refusal of a command-line key the model YAML sets, the same
+refusal is made here for the user's own overrides.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+import omegaconf
+from maxtext.configs import pyconfig
+
+from maxtext_moe.config import layers, model_file
+from maxtext_moe.config.recipes import configs_dir
+from maxtext_moe.errors import UserError
+
+
+def path(config_path: str | Path, model_name: str) -> Path | None:
+  """Where MaxText finds the model YAML: next to the config, one directory up, then in its package."""
+  if model_name in ("", "default"):
+    return None
+  model_name = model_name.replace("-Instruct", "")
+  config_dir = Path(config_path).parent
+  package = Path(os.path.realpath(pyconfig.__file__)).parent
+  for directory in (config_dir, config_dir.parent, package):
+    candidate = directory / "models" / f"{model_name}.yml"
+    if candidate.is_file():
+      return candidate
+  return None
+
+
+def _container(value: Any) -> Any:
+  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
+    return omegaconf.OmegaConf.to_container(value, resolve=True)
+  return value
+
+
+def recipe_wins(config_path: str | Path, layers: omegaconf.DictConfig, model_name: str) -> list[str]:
+  """key=value for each key the recipe's layers set to another value than the model YAML does."""
+  found = path(config_path, model_name)
+  if found is None:
+    return []
+  model = omegaconf.OmegaConf.load(found)
+  differ = {k: _container(layers[k]) for k in model if k in layers and _container(layers[k]) != _container(model[k])}
+  return model_file.as_overrides(differ) if differ else []
+
+
+def refuse_user_overrides(config_path: str | Path, overrides: list[str], model_name: str) -> None:
+  """MaxText's refusal of a command-line key that the model YAML sets to another value (unless
+  override_model_config=true), made here because `recipe_wins` turns MaxText's off."""
+  found = path(config_path, model_name)
+  cli = omegaconf.OmegaConf.from_cli(list(overrides))
+  if found is None or cli.get("override_model_config"):
+    return
+  model = omegaconf.OmegaConf.load(found)
+  twice = [k for k in cli if k in model and _container(cli[k]) != _container(model[k])]
+  if twice:
+    raise UserError(
+      f"Keys {twice} are overridden by both model config and CLI/kwargs with different values. This is not "
+      "allowed, unless setting `override_model_config=True`."
+    )
+
+
+def recipe_over_model(
+  config_path: str | Path, model_name: str, overrides: list[str], maxtext_configs: Path
+) -> list[str]:
+  """The recipe's own keys (its files, not MaxText's base.yml or ours) that the model YAML sets otherwise,
+  as key=value: the recipe's value wins; the user's overrides then get MaxText's refusal from here."""
+  defaults = (maxtext_configs.resolve(), (configs_dir() / "base.yml").resolve())
+  chain = layers.check_chain(Path(config_path), maxtext_configs)
+  own = [c for c in chain if c != defaults[1] and not c.is_relative_to(defaults[0])]
+  files = [omegaconf.OmegaConf.load(c) for c in reversed(own)]
+  merged = omegaconf.OmegaConf.merge({}, *({k: v for k, v in f.items() if k != "base_config"} for f in files))
+  wins = recipe_wins(config_path, merged, model_name)
+  if wins:
+    refuse_user_overrides(config_path, overrides, model_name)
+  return wins
