@@ -130,3 +130,12 @@ def test_config_command_reports_changes_vs_maxtext():
   assert parsed["changed_vs_maxtext"]["num_experts"] == 16
   assert "  num_experts: 16  # maxtext: 1" in text.splitlines()  # ours, then MaxText's default
   assert "dump_hlo_xla_flags" not in parsed["changed_vs_maxtext"], "MaxText's HLO-dump default stays off"
+
+
+def test_the_value_none_of_an_enum_key_that_has_it_is_that_member(upstream_config):
+  """MaxText turns the string none into None before our keys are validated: moe_gemm_quantization=none
+  (bf16, the documented value) was refused as 'got None'."""
+  from maxtext_moe.moe.settings import GemmQuantization
+
+  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["moe_gemm_quantization=none"])
+  assert cfg.moe_gemm_quantization == GemmQuantization.NONE

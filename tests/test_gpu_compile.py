@@ -185,3 +185,38 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
     assert r.returncode == 0, (args, r.stderr[-3000:])
     noise = [line for line in r.stderr.splitlines() if "cuda" in line.lower() or "Traceback" in line or "cuDNN" in line]
     assert noise == [], (args, noise)
+
+
+@pytest.mark.parametrize(
+  ("recipe", "want"),
+  [
+    (
+      "gb300x128/deepseek3-671b-nvidia",
+      [
+        "te_moe_block=false",
+        "prefuse_moe_weights=false",
+        "moe_impl=dropless",
+        "moe_gemm_backend=tokamax",
+        "moe_dispatch=all_to_all",
+        "quantization=",
+        "attention=dot_product",
+      ],
+    ),
+    (
+      "gb300x128/deepseek3-671b",
+      ["moe_gemm_backend=tokamax", "moe_gemm_quantization=none", "moe_dispatch=all_to_all", "attention=dot_product"],
+    ),
+  ],
+)
+def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
+  """Without TE: MaxText's TE block becomes our portable block (not MaxText's sparse_matmul, whose ragged
+  path needed 1,049 GiB of temporaries per GPU here), TE's FP8 dense GEMMs bf16; each said once. With TE
+  only cuDNN's attention (absent from a compile-only machine) is substituted."""
+  from maxtext_moe.tools.compile import substitutions
+  from maxtext_moe.upstream import recipe as recipes
+
+  r = recipes.read(recipe, [], keep_process_flags=False)
+  extra, said = substitutions(r, te_available=False)
+  assert extra == want
+  assert len(said) == (3 if recipe.endswith("nvidia") else 4), said  # ours: te, its MXFP8, te_ep, cuDNN
+  assert substitutions(r, te_available=True)[0] == ["attention=dot_product"]

@@ -7,7 +7,7 @@ snapshot-tested on a bare install. `maxtext_moe.upstream.config` mixes them into
 
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.offload import OffloadPreset
@@ -90,6 +90,13 @@ class PluginKeys(BaseModel):
     description="Number format of the te grouped GEMM: none (bf16), fp8 (e4m3/e5m2, current scaling; SM89+) "
     "or mxfp8 (SM100+). Needs moe_gemm_backend te (or auto resolving to it).",
   )
+
+  @field_validator("moe_gemm_quantization", mode="before")
+  @classmethod
+  def _none_is_bf16(cls, value: object) -> object:
+    """MaxText reads the value `none` as None (found by a compile's own override): that is bf16."""
+    return GemmQuantization.NONE if value is None else value
+
   moe_capacity_factor: float = Field(
     0.0,
     description="<= 0: dropless (buffers sized for the worst case). > 0: all_to_all buffers hold "

@@ -62,12 +62,18 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
   extra, said = [], []
   keys = recipe.keys
   gemm, dispatch = str(keys.plugin.moe_gemm_backend), str(keys.plugin.moe_dispatch)
+  if keys.maxtext["te_moe_block"]:  # MaxText's TE block, not ours (substituted below)
+    gemm = dispatch = "maxtext"
   if not te_available and gemm in ("auto", "te"):
     extra.append("moe_gemm_backend=tokamax")
     said.append(
       f"moe_gemm_backend={gemm}: the container runs Transformer Engine's grouped GEMM (te), which does not import "
       "here; compiled with tokamax (Mosaic GPU), what auto picks on a GPU without TE"
     )
+    quantized = str(keys.plugin.moe_gemm_quantization)
+    if quantized != "none":
+      extra.append("moe_gemm_quantization=none")
+      said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
   if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
     extra.append("moe_dispatch=all_to_all")
     said.append(
@@ -96,10 +102,13 @@ def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[l
     return [], []
   extra, said = [], []
   if maxtext["te_moe_block"]:
-    extra += ["te_moe_block=false", "prefuse_moe_weights=false"]
+    # Not MaxText's own sparse_matmul: at DeepSeek-V3's batch 6 x 4,096 its ragged all-to-all path needed
+    # 1,049 GiB of temporaries per GB300, nothing like TE's fused block; ours is the portable dropless one.
+    extra += ["te_moe_block=false", "prefuse_moe_weights=false", "moe_impl=dropless"]
+    extra += ["moe_gemm_backend=tokamax", "moe_dispatch=all_to_all"]
     said.append(
-      "te_moe_block=true runs Transformer Engine's fused moe(), which does not import here: compiled with "
-      "MaxText's own sparse_matmul MoE (ragged all-to-all, the recipe's capacity), unfused weights"
+      "te_moe_block=true runs Transformer Engine's fused moe(), which does not import here: compiled with our "
+      "portable dropless block instead (tokamax grouped GEMM, all_to_all dispatch, unfused weights)"
     )
   quantization = str(maxtext["quantization"] or "")
   if quantization.startswith("te_"):

@@ -128,6 +128,7 @@ _LAYER_PLUGIN_KEYS = (
   "offload",
   "moe_dispatch",
   "moe_gemm_backend",
+  "moe_gemm_quantization",
 )
 # MaxText's keys the launcher reads from the layers (MaxText's defaults where they are unset).
 MAXTEXT_LAYER_KEYS = {

@@ -8,26 +8,24 @@ and because that also switches off MaxText's refusal of a command-line key the m
 refusal is made here for the user's own overrides.
 """
 
-import os
 from pathlib import Path
 from typing import Any
 
 import omegaconf
-from maxtext.configs import pyconfig
 
 from maxtext_moe.config import layers, model_file
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.errors import UserError
 
 
-def path(config_path: str | Path, model_name: str) -> Path | None:
-  """Where MaxText finds the model YAML: next to the config, one directory up, then in its package."""
+def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Path | None:
+  """Where MaxText finds the model YAML: next to the config, one directory up, then in its package's
+  configs directory (`maxtext_configs`)."""
   if model_name in ("", "default"):
     return None
   model_name = model_name.replace("-Instruct", "")
   config_dir = Path(config_path).parent
-  package = Path(os.path.realpath(pyconfig.__file__)).parent
-  for directory in (config_dir, config_dir.parent, package):
+  for directory in (config_dir, config_dir.parent, maxtext_configs):
     candidate = directory / "models" / f"{model_name}.yml"
     if candidate.is_file():
       return candidate
@@ -40,9 +38,9 @@ def _container(value: Any) -> Any:
   return value
 
 
-def recipe_wins(config_path: str | Path, layers: omegaconf.DictConfig, model_name: str) -> list[str]:
+def recipe_wins(config_path: str | Path, layers: omegaconf.DictConfig, model_name: str, mt: Path) -> list[str]:
   """key=value for each key the recipe's layers set to another value than the model YAML does."""
-  found = path(config_path, model_name)
+  found = path(config_path, model_name, mt)
   if found is None:
     return []
   model = omegaconf.OmegaConf.load(found)
@@ -50,10 +48,10 @@ def recipe_wins(config_path: str | Path, layers: omegaconf.DictConfig, model_nam
   return model_file.as_overrides(differ) if differ else []
 
 
-def refuse_user_overrides(config_path: str | Path, overrides: list[str], model_name: str) -> None:
+def refuse_user_overrides(config_path: str | Path, overrides: list[str], model_name: str, mt: Path) -> None:
   """MaxText's refusal of a command-line key that the model YAML sets to another value (unless
   override_model_config=true), made here because `recipe_wins` turns MaxText's off."""
-  found = path(config_path, model_name)
+  found = path(config_path, model_name, mt)
   cli = omegaconf.OmegaConf.from_cli(list(overrides))
   if found is None or cli.get("override_model_config"):
     return
@@ -76,7 +74,7 @@ def recipe_over_model(
   own = [c for c in chain if c != defaults[1] and not c.is_relative_to(defaults[0])]
   files = [omegaconf.OmegaConf.load(c) for c in reversed(own)]
   merged = omegaconf.OmegaConf.merge({}, *({k: v for k, v in f.items() if k != "base_config"} for f in files))
-  wins = recipe_wins(config_path, merged, model_name)
+  wins = recipe_wins(config_path, merged, model_name, maxtext_configs)
   if wins:
-    refuse_user_overrides(config_path, overrides, model_name)
+    refuse_user_overrides(config_path, overrides, model_name, maxtext_configs)
   return wins
