@@ -17,6 +17,10 @@ class RunEnded(Exception):
     self.exit_code = exit_code
 
 
+# XLA itself failed on the program (an internal compiler error, not the config): EX_SOFTWARE in sysexits.h.
+EXIT_COMPILER = 70
+
+
 # A write failed because the disk (or the file-size limit, or a quota) is full: nothing written is left
 # looking complete; free space and rerun. EX_IOERR in sysexits.h.
 EXIT_NO_SPACE = 74

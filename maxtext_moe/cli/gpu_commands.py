@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     parents=[common],
     help="compile a GPU recipe's train step with XLA:GPU for its own GPUs and device count, on any machine",
     epilog=OVERRIDES_HELP
-    + " Exit code: 0 fits, 1 does not fit, 2 bad input. Example: maxtext-moe compile h200x8/deepseek3-proxy-16b",
+    + " Exit code: 0 fits, 1 does not fit, 2 bad input, 70 XLA:GPU failed (its first line printed). "
+    "Example: maxtext-moe compile h200x8/deepseek3-proxy-16b",
     description="Build the recipe's train step as `train` builds it (the same config, flag profile, patches, "
     "one process per GPU) and compile it with XLA:GPU for the recipe's GPU model at its full device count, "
     "with compile-only devices (the jax-cuda12 plugin, ./setup.sh --gpu-compile; no GPU needed). Prints per "

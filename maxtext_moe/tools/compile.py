@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.config import flags, hardware
-from maxtext_moe.errors import UserError
+from maxtext_moe.errors import EXIT_COMPILER, RunEnded, UserError
 
 PLUGIN = "jax_plugins.xla_cuda12"
 NEEDS_CUDNN = ("cudnn_flash_te", "cudnn_flash_jax")
@@ -117,6 +117,22 @@ def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[l
   return extra, said
 
 
+def _compiler_failed(e: Exception, hlo_dir: Path | None) -> None:
+  """XLA's own failure (an INTERNAL error of a pass, not the config): one line; its whole text in --hlo DIR."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if not isinstance(e, jax.errors.JaxRuntimeError):
+    raise e
+  text = str(e).strip()
+  where = "rerun with --hlo DIR to keep XLA's whole message"
+  if hlo_dir is not None:
+    hlo_dir.mkdir(parents=True, exist_ok=True)
+    (hlo_dir / "xla_error.txt").write_text(text + "\n")
+    where = f"XLA's whole message: {hlo_dir / 'xla_error.txt'}"
+  first = text.splitlines()[0][:300]
+  raise RunEnded(f"XLA:GPU could not compile the train step: {first}; {where}", EXIT_COMPILER) from e
+
+
 def _resolve(
   name: str | None, overrides: list[str], target: Target, extra: list[str], dump_to: Path | None
 ) -> tuple[Any, Any]:
@@ -159,7 +175,10 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   )
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
   start = time.monotonic()
-  compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
+  try:
+    compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
+  except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
+    _compiler_failed(e, hlo_dir)
   seconds = time.monotonic() - start
   report = compile_report.build(cfg, compiled, target=target, recipe=recipe, substitutions=said, compile_s=seconds)
   report["planner"] = planned
