@@ -220,3 +220,19 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   assert extra == want
   assert len(said) == (3 if recipe.endswith("nvidia") else 4), said  # ours: te, its MXFP8, te_ep, cuDNN
   assert substitutions(r, te_available=True)[0] == ["attention=dot_product"]
+
+
+def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
+  import jax
+
+  from maxtext_moe.errors import EXIT_COMPILER, RunEnded
+  from maxtext_moe.tools.compile import _compiler_failed
+
+  err = jax.errors.JaxRuntimeError("INTERNAL: during context [end-of-post-layout_assignment]: shapes differ\n%c = ...")
+  with pytest.raises(RunEnded) as e:
+    _compiler_failed(err, tmp_path / "hlo")
+  assert e.value.exit_code == EXIT_COMPILER == 70 and "\n" not in str(e.value)
+  assert str(e.value).startswith("XLA:GPU could not compile the train step: INTERNAL: during context")
+  assert (tmp_path / "hlo" / "xla_error.txt").read_text().endswith("%c = ...\n")
+  with pytest.raises(ValueError, match="not XLA's"):  # anything else is not hidden
+    _compiler_failed(ValueError("not XLA's"), None)
