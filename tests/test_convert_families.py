@@ -77,7 +77,7 @@ def _bf16_steps(a: np.ndarray, b: np.ndarray) -> int:
   return int(np.abs(ia - ib).max())
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", [pytest.param("qwen3_30b_a3b", marks=pytest.mark.extended), "mixtral_8x7b"])
 def test_round_trip_and_the_whole_config(name, tmp_path):
   """HF bf16 -> MaxText -> HF. Through a float32 checkpoint every tensor comes back bit for bit; through a
   bf16 one too, except Mixtral's q_proj, which MaxText holds scaled by 1/sqrt(head_dim) (one rounding: at

@@ -131,13 +131,8 @@ _LAYER_PLUGIN_KEYS = (
   "moe_gemm_quantization",
 )
 # MaxText's keys the launcher reads from the layers (MaxText's defaults where they are unset).
-MAXTEXT_LAYER_KEYS = {
-  "num_slices": 1,
-  "attention": "autoselected",
-  "ici_expert_parallelism": 1,
-  "te_moe_block": False,
-  "quantization": "",
-}
+MAXTEXT_LAYER_KEYS = {"num_slices": 1, "attention": "autoselected", "ici_expert_parallelism": 1}
+MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compile substitutes without TE
 MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1}
 
 
@@ -219,17 +214,11 @@ def _dump_flags(raw: dict[str, Any]) -> list[str]:
 
 
 def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys) -> list[str]:
-  """The argv MaxText resolves: the offload preset's keys and the model YAML's, then the user's overrides
-  (so theirs win)."""
+  """The argv MaxText resolves: the offload preset's keys, the recipe's over its model file's, a model_file's,
+  then the user's overrides (so theirs win)."""
   ours = keys.recipe_over_model + (["override_model_config=true"] if keys.recipe_over_model else [])
-  return [
-    "",
-    str(config_path),
-    *offload.preset_overrides(keys.plugin.offload),
-    *ours,
-    *keys.model_overrides,
-    *overrides,
-  ]
+  preset = offload.preset_overrides(keys.plugin.offload)
+  return ["", str(config_path), *preset, *ours, *keys.model_overrides, *overrides]
 
 
 _UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")

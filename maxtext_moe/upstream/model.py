@@ -37,6 +37,9 @@ ONE_DEVICE_OVERRIDES = [
   "recipe_num_devices=-1",
   "hardware=cpu",
   "attention=dot_product",  # the parameter tree does not depend on the kernel; cuDNN's needs TE to trace
+  # MaxText's TE MoE block needs TE to trace; the tree of its parameters is the same size unfused
+  "te_moe_block=false",
+  "prefuse_moe_weights=false",
   # MaxText refuses TE EP's receive-buffer factor without expert parallelism (its MoE without TE's block)
   "ragged_buffer_factor=-1.0",
   "eval_ragged_buffer_factor=-1.0",
