@@ -8,7 +8,16 @@ Hugging Face stores [q_heads * head_dim, embed] and [embed, q_heads * head_dim].
 
 from typing import Any
 
-from maxtext_moe.checkpoint.families.base import Family, Field, Table, check_required, plain_rope, value_of
+from maxtext_moe.checkpoint.families.base import (
+  Family,
+  Field,
+  Table,
+  check_required,
+  plain_rope,
+  transformers_config,
+  value_of,
+)
+from maxtext_moe.errors import UserError
 
 GLOBAL: Table = {
   ("token_embedder", "embedding"): ("model.embed_tokens.weight", False, 0),
@@ -45,17 +54,22 @@ def head_dim(cfg: Any) -> int:
   return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
-def fields(
-  raw: dict, cfg: Any, family: Family, *, required: dict[str, Any], extra: list[tuple[str, str]], problems: list[str]
-) -> list[Field]:
-  """model_name, the shared sizes, head_dim, `extra` (MaxText key, config.json field) and plain RoPE."""
+def fields(raw: dict, family: Family, *, required: dict[str, Any], extra: list[tuple[str, str]]) -> list[Field]:
+  """config.json read by the family's transformers class: model_name, the shared sizes, head_dim, `extra`
+  (MaxText key, config.json field) and plain RoPE; or one UserError naming every field MaxText cannot
+  represent."""
+  cfg = transformers_config(raw, family)
+  problems: list[str] = []
   check_required(raw, cfg, required, family, problems)
   if raw.get("quantization_config"):
     problems.append("quantization_config (the converter reads BF16 and F32 checkpoints of this family)")
   out = [Field("model_name", family.model_name, "architectures", raw.get("architectures"))]
   out += [Field(ours, getattr(cfg, hf), hf, getattr(cfg, hf)) for ours, hf in (*SIZES, *extra)]
   out.append(Field("head_dim", head_dim(cfg), "head_dim", getattr(cfg, "head_dim", None)))
-  return out + plain_rope(cfg, family, problems)
+  out += plain_rope(cfg, family, problems)
+  if problems:
+    raise UserError(f"config.json has fields MaxText cannot represent: {'; '.join(problems)}")
+  return out
 
 
 def to_hf(cfg: Any, out: dict, sizes: tuple[tuple[str, str], ...]) -> dict:

@@ -17,8 +17,7 @@ import math
 from typing import Any
 
 from maxtext_moe.checkpoint.families import gqa
-from maxtext_moe.checkpoint.families.base import Family, Field, transformers_config, write_plain_rope
-from maxtext_moe.errors import UserError
+from maxtext_moe.checkpoint.families.base import Family, Field, write_plain_rope
 
 FROM_HF = "mixtral-from-hf"
 STRUCTURE = {
@@ -42,12 +41,7 @@ LAYER = {
 
 
 def _fields(raw: dict) -> list[Field]:
-  cfg = transformers_config(raw, FAMILY)
-  problems: list[str] = []
-  out = gqa.fields(raw, cfg, FAMILY, required=REQUIRED, extra=EXTRA, problems=problems)
-  if problems:
-    raise UserError(f"config.json has fields MaxText cannot represent: {'; '.join(problems)}")
-  return out
+  return gqa.fields(raw, FAMILY, required=REQUIRED, extra=EXTRA)
 
 
 def _to_hf(cfg: Any, out: dict, source: dict | None) -> dict:
