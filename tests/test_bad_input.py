@@ -123,6 +123,9 @@ CASES = [
   # plan, bench, k8s
   ("plan_without_recipe", ["plan"], "plan needs a RECIPE"),
   ("plan_zero_gpus", ["plan", H200, "--gpus", "0"], "--gpus must be >= 1, got 0"),
+  ("plan_time_cpu_recipe", ["plan", "cpu/deepseek3-tiny", "--time"], "this recipe runs on CPU"),
+  ("plan_compiled_not_a_report", ["plan", H200, "--time", "--compiled", "{tmp}"], "not a compile report"),
+  ("plan_compiled_without_time", ["plan", H200, "--compiled", "{tmp}"], "pass --time with it"),
   ("bench_te_here", ["bench", "moe", "--backends", "te"], "bench moe --backends te needs Transformer Engine on a GPU"),
   (
     "k8s_wrong_nodes",

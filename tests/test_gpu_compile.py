@@ -41,7 +41,8 @@ def test_every_gpu_model_of_the_table_gives_compile_only_devices():
 
 
 def test_hlo_reader_counts_per_step_on_a_worked_example():
-  """A while loop of 4 known trips holding an all-to-all and a conditional, one host copy at the top."""
+  """A while loop of 4 known trips holding an all-to-all and a conditional, one host copy and one async
+  all-gather over a named mesh axis at the top."""
   text = """
 %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %p = (s32[], f32[8]) parameter(0)
@@ -60,13 +61,30 @@ def test_hlo_reader_counts_per_step_on_a_worked_example():
 ENTRY %main (x: f32[8]) -> f32[8] {
   %x = f32[8]{0} parameter(0)
   %h = (f32[8]{0:S(5)}, f32[8]{0}, u32[]) copy-start(%x)
+  %ag = ((f32[2]{0}), f32[8]{0}) all-gather-start(%x), replica_groups=mesh['fsdp'=4,'expert'=2] {'fsdp'}
   %l = (s32[], f32[8]) while(%t0), condition=%c0, body=%body, backend_config={"known_trip_count":{"n":"4"}}
   ROOT %r = f32[8]{0} copy(%x)
 }
 """
   r = hlo.report(text, num_devices=8)
   assert r["collectives"] == {
-    "all-to-all x4": {"count": 4.0, "bytes": 128.0, "kind": "all-to-all", "group_size": 4, "is_async": False}
+    "all-to-all x4": {
+      "count": 4.0,
+      "bytes": 128.0,
+      "kind": "all-to-all",
+      "group_size": 4,
+      "is_async": False,
+      "axes": [],
+    },
+    # an async pair counts its result (f32[8]), not its operands as well
+    "all-gather x4 async": {
+      "count": 1.0,
+      "bytes": 32.0,
+      "kind": "all-gather",
+      "group_size": 4,
+      "is_async": True,
+      "axes": ["fsdp"],
+    },
   }
   assert r["conditionals"] == 1 and r["host_syncs_per_step"] == 4  # one per trip of the loop
   assert r["unknown_trip_while_loops"] == 1 and r["host_syncs_per_step_at_most"] == 8  # + the branch's loop

@@ -100,6 +100,19 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
   assert result.base.fits, result.table()
 
 
+def test_the_custom_remat_policys_placements_are_read_from_maxtexts_enums():
+  """MaxText's RematLocation prints as 'RematLocation.OFFLOAD': read by name, no tensor was counted, and
+  the planner said NVIDIA's published remat kept nothing and our dropless gb300x128 recipe fit (178.6 GiB)
+  when its saved expert outputs alone needed 1,363 GiB."""
+  saved = memory_plan("cpu/deepseek3-tiny", ["offload=activations"]).base
+  assert saved.host > 0 and saved.saved_activations == 0  # the activation preset puts them all on the host
+  kept = memory_plan("cpu/deepseek3-tiny", ["remat_policy=custom", "decoder_layer_input=device"]).base
+  assert kept.host == 0 and kept.saved_activations > 0
+  # MaxText's TE block: its receive buffer at ragged_buffer_factor x the balanced load, its residuals its own
+  nvidia = memory_plan("gb300x128/deepseek3-671b-nvidia", []).base
+  assert nvidia.moe_rows == 2 * 6 * 4096 * 8 and nvidia.fits
+
+
 def test_a_recipe_that_does_not_fit_gets_the_cheapest_fix():
   # Without host offload the 671B's fp32 Adam state does not fit a GB200 next to the weights and grads.
   result = memory_plan("gb200-nvl72/deepseek3-671b", ["offload=none"])

@@ -20,9 +20,40 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
     raise UserError(f"--gpu-mem must be > 0 GiB, got {ns.gpu_mem}")
   if not 0 < ns.mfu <= 1:
     raise UserError(f"--mfu must be in (0, 1], got {ns.mfu}")
+  if ns.compiled and not ns.time:
+    raise UserError("--compiled is read by the step-time model: pass --time with it")
+  compiled = _compile_report(ns.compiled) if ns.compiled else None
   result = memory_plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
-  print(json.dumps(result.as_dict()) if ns.json else result.table(), file=out)
+  timed = None
+  if ns.time:
+    from maxtext_moe.planner.step_time import format_prediction
+    from maxtext_moe.planner.step_workload import for_recipe
+
+    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled)
+  if ns.json:
+    print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
+  else:
+    print(result.table() + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
   return 0 if result.base.fits else 1
+
+
+def _compile_report(path: str) -> dict:
+  """`compile`'s JSON report: its --json output saved to a file, or compile.json from --hlo DIR."""
+  from pathlib import Path
+
+  file = Path(path)
+  file = file / "compile.json" if file.is_dir() else file
+  try:
+    report = json.loads(file.read_text())
+  except (OSError, ValueError) as e:
+    raise UserError(
+      f"--compiled {path}: not a compile report ({e}); pass the --hlo DIR of 'maxtext-moe compile'"
+    ) from None
+  if not isinstance(report, dict) or "collectives" not in report or "devices" not in report:
+    raise UserError(
+      f"--compiled {path}: not a compile report (no collectives); pass the --hlo DIR of 'maxtext-moe compile'"
+    )
+  return report
 
 
 def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
@@ -33,6 +64,10 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
       plan_accuracy.run_gpu(out=out, as_json=ns.json, only=ns.gpu or None)
     else:
       plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
+  elif ns.which == "timemodel":
+    from maxtext_moe.bench import timemodel
+
+    timemodel.run(out=out, as_json=ns.json, quick=ns.quick)
   elif ns.which == "convert":
     from maxtext_moe.bench import convert_speed
 
@@ -192,13 +227,22 @@ def _register_plan(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     "whether it fits the GPU's HBM (times the flag profile's XLA_PYTHON_CLIENT_MEM_FRACTION) and, if not, "
     "the cheapest change that does: an offload preset, another EP/FSDP split, or a smaller micro-batch. "
     "Prints training FLOPs per token (MaxText's count) and TFLOP/s per GPU at --mfu. Nothing is compiled; "
-    "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU.",
+    "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU. "
+    "--time adds the step-time model (docs/step-time.md): compute per op class at measured efficiencies, "
+    "each collective from its bytes and whether it crosses NVLink domains, what overlaps and what is "
+    "exposed; step time, tokens/s, TFLOP/s per GPU, MFU and the three largest exposed costs. Its "
+    "collectives are analytic, or XLA:GPU's with --compiled DIR (the --hlo DIR of 'maxtext-moe compile' "
+    "for the same recipe and overrides); the output says which.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
   p.add_argument("--gpus", type=int, help="number of GPUs (default: the recipe's recipe_num_devices)")
   p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
   p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
   p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of the table")
+  p.add_argument("--time", action="store_true", help="add the step-time model (GPU recipes)")
+  p.add_argument(
+    "--compiled", metavar="DIR", help="with --time: take the collectives from 'maxtext-moe compile --hlo DIR'"
+  )
   p.set_defaults(func=_plan)
 
 
@@ -216,10 +260,13 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     "checkpoint: GB/s next to a plain file copy, and peak memory over the largest tensor group "
     "(maxtext_moe/bench/convert_speed.py). Needs ~5 GB of temporary disk. plan: the planner's per-device "
     "memory estimate against XLA's compiled memory_analysis() for tiny and 16B-proxy configs on 8 fake CPU "
-    "devices (maxtext_moe/bench/plan_accuracy.py); about 5 minutes on 2 cores, --quick about 1.",
+    "devices (maxtext_moe/bench/plan_accuracy.py); about 5 minutes on 2 cores, --quick about 1. "
+    "timemodel: the step-time model against published DeepSeek-V3 figures (NVIDIA's 1,068 TFLOP/s and 97%% "
+    "scaling, Megatron-Core's 970 on GB200), then the fastest layouts of our block on 128 and 1,024 GB300s "
+    "(maxtext_moe/bench/timemodel.py); about 4 minutes, --quick (no layout search) under 1.",
   )
-  p.add_argument("which", choices=["moe", "convert", "plan"], help="which benchmark")
-  p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases")
+  p.add_argument("which", choices=["moe", "convert", "plan", "timemodel"], help="which benchmark")
+  p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases; timemodel: no layout search")
   p.add_argument(
     "--gpu",
     nargs="?",

@@ -53,9 +53,15 @@ def _fill(degrees: list[int], total: int) -> list[int]:
   return degrees
 
 
-def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
-  """{mesh axis: size} over `num_devices` from the ICI and DCN degrees, a -1 axis filled as MaxText does."""
+def mesh_sides(cfg: Any, num_devices: int) -> dict[str, tuple[int, int]]:
+  """{mesh axis: (ICI degree, DCN degree)} over `num_devices`, a -1 axis filled as MaxText does. The DCN
+  degree of an axis is how many slices (NVLink partitions on a GPU cluster) its groups span."""
   slices = max(int(getattr(cfg, "num_slices", 1) or 1), 1)
   ici = _fill(list(cfg.ici_parallelism), num_devices // slices)
   dcn = _fill(list(cfg.dcn_parallelism), slices)
-  return {axis: i * d for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}
+  return {axis: (i, d) for axis, i, d in zip(cfg.mesh_axes, ici, dcn, strict=True)}
+
+
+def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
+  """{mesh axis: size} over `num_devices` from the ICI and DCN degrees, a -1 axis filled as MaxText does."""
+  return {axis: i * d for axis, (i, d) in mesh_sides(cfg, num_devices).items()}

@@ -23,7 +23,8 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
                  with moe_buffers=bounded (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
-                 G = ceil(factor x T x K / EP): extra rounds cost time, not memory
+                 G = ceil(factor x T x K / EP): extra rounds cost time, not memory; MaxText's TE block
+                 (te_moe_block) ragged_buffer_factor x T x K (it stops when the buffer overflows)
 
 `maxtext-moe bench plan` checks the whole estimate against XLA:CPU's compiled `memory_analysis()`, and
 `bench plan --gpu` against XLA:GPU's for every GPU model we ship.
@@ -115,9 +116,11 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[in
   policy = str(cfg.remat_policy)
   if policy != "custom":  # full, and policies not modelled: the layer input, which every policy keeps
     return tokens * emb * d_bytes, 0
+  if maxtext_te_block(cfg):  # TE's fused moe() keeps its own residuals: recomputed under the policy
+    sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
   device = host = 0
   for name, elems in sizes.items():
-    where = str(getattr(cfg, name, "remat"))
+    where = str(getattr(getattr(cfg, name, "remat"), "value", "remat"))  # MaxText's RematLocation: str() is its name
     if name == "decoder_layer_input" and where == "remat":
       where = "device"  # the scan carry is kept regardless
     if where == "device":
@@ -132,10 +135,18 @@ def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
   (`moe.settings.routed_rows`, `received_rows`); (0, 0) without experts."""
   if int(cfg.num_experts) <= 1:
     return 0, 0
+  factor = float(getattr(cfg, "ragged_buffer_factor", -1.0) or -1.0)
+  if maxtext_te_block(cfg) and ep > 1 and factor > 0:  # TE EP's receive buffer at `factor` x the balanced load
+    return math.ceil(factor * tokens * int(cfg.num_experts_per_tok)), 0
   args = (dispatch, tokens, int(cfg.num_experts_per_tok))
   kw = {"num_ranks": ep, "capacity_factor": float(cfg.moe_capacity_factor), "buffers": cfg.moe_buffers}
   kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": int(cfg.num_experts)}
   return routed_rows(*args, **kw), received_rows(*args, **kw)
+
+
+def maxtext_te_block(cfg: Any) -> bool:
+  """Whether the experts run in MaxText's own Transformer Engine MoE block (`te_moe_block`), not ours."""
+  return bool(getattr(cfg, "te_moe_block", False)) and str(getattr(cfg.moe_impl, "value", cfg.moe_impl)) == "maxtext"
 
 
 def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> tuple[int, int, int, int]:

@@ -5,8 +5,9 @@ It parses computations and instructions, walks the call graph from ENTRY with ea
 executions per step (a while body runs its `known_trip_count` times; a conditional's branches at most once
 per execution of the conditional; fusion bodies are one kernel, not walked), and reports:
 
-- collectives by kind: executions per step, bytes per step (the result's size), group size, async or not,
-  and whether inside a conditional's branch (then counted as if the branch ran every time);
+- collectives by kind: executions per step, bytes per step (the result's size, an async pair's too),
+  group size, the named mesh axes its groups span, async or not, and whether inside a conditional's
+  branch (then counted as if the branch ran every time);
 - host transfers: copies into or out of host memory (memory space S(5)), executions and bytes;
 - conditionals and loops: a `conditional` outside a command buffer and a `while` without a known trip count
   are host syncs on XLA:GPU (the predicate is copied to the host and the host waits for the stream), each
@@ -140,6 +141,28 @@ def group_size(rest: str, num_devices: int) -> int:
   return num_devices
 
 
+def result_shape(ins: Instr) -> str:
+  """The shape a collective produces: an async `*-start` is shaped ((operands...), results...), its
+  results what the matching `*-done` returns."""
+  shape = ins.shape
+  if not (ins.opcode.endswith("-start") and shape.startswith("((")):
+    return shape
+  depth = 0
+  for i, ch in enumerate(shape[1:], start=1):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if depth == 0:
+      return shape[i + 1 :].lstrip(", ")[:-1]
+  return shape
+
+
+def group_axes(rest: str) -> tuple[str, ...]:
+  """The named mesh axes a collective's groups span (`replica_groups=mesh[...] {'fsdp', ...}`); () when
+  its groups are listed by device id."""
+  if m := _GROUPS_MESH.search(rest):
+    return tuple(re.findall(r"'(\w+)'", m.group(2)))
+  return ()
+
+
 def _collective(ins: Instr) -> str | None:
   base = ins.opcode.removesuffix("-start")
   if base in COLLECTIVES:
@@ -222,7 +245,9 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         size = group_size(ins.rest, num_devices)
         is_async = ins.opcode.endswith("-start") or '"is_sync":false' in ins.rest
         key = f"{kind} x{size}{' async' if is_async else ''}{' (in a branch)' if graph.in_branch.get(comp) else ''}"
-        _add(collectives, key, runs=n, nbytes=array_bytes(ins.shape), kind=kind, group_size=size, is_async=is_async)
+        nbytes = array_bytes(result_shape(ins))
+        axes = group_axes(ins.rest)
+        _add(collectives, key, runs=n, nbytes=nbytes, kind=kind, group_size=size, is_async=is_async, axes=list(axes))
       if direction := _host_direction(ins, shapes):
         _add(host, direction, runs=n, nbytes=array_bytes(_moved(ins)))
       if gemm := _gemm_kind(ins):

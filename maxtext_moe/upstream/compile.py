@@ -1,7 +1,8 @@
 """MaxText's own counts of a training step: its FLOPs, and the step compiled ahead of time, for the visible
 devices or for GPUs that are not there.
 
-- `train_tflops_per_device`: MaxText's `calculate_tflops_training_per_device` (the planner's FLOPs).
+- `train_tflops_per_device`: MaxText's `calculate_tflops_training_per_device` (the planner's FLOPs);
+  `expert_tflops_per_device` the routed and shared experts' part of it (the step-time model's classes).
 - `compile_train_step`: MaxText's train step built as its `train_compile.py` builds it (shaped inputs, the
   ZeRO-1 shardings, `get_functional_train_with_signature`) and compiled; nothing is allocated.
   `compiled_train_memory` is its `memory_analysis()`.
@@ -31,6 +32,21 @@ def train_tflops_per_device(cfg: Any) -> tuple[float, float, float]:
   """(total, learnable-weight, attention) TFLOPs of one training step per device, MaxText's own count."""
   total, weights, attention = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
   return float(total), float(weights), float(attention)
+
+
+def expert_tflops_per_device(cfg: Any) -> tuple[float, float]:
+  """(routed, shared) experts' TFLOPs of one training step per device, forward and backward (x 3), by
+  MaxText's own helpers: the part of `train_tflops_per_device`'s weight FLOPs that the grouped GEMMs run,
+  and the shared experts' beside them (MTP layers included, as MaxText counts them)."""
+  if int(cfg.num_experts) <= 1:
+    return 0.0, 0.0
+  _, moe_layers = maxtext_utils.get_dense_moe_layers(cfg)
+  moe_layers += int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  routed = maxtext_utils.calculate_ffn_mamtul_tflops_per_device(cfg, cfg.moe_mlp_dim) * cfg.num_experts_per_tok
+  shared_dim = maxtext_utils.get_shared_expert_mlp_dim(cfg)
+  shared = maxtext_utils.calculate_ffn_mamtul_tflops_per_device(cfg, shared_dim) * int(cfg.shared_experts or 0)
+  scale = 3 * moe_layers * int(cfg.gradient_accumulation_steps) / 1e12
+  return float(routed * scale), float(shared * scale)
 
 
 @dataclasses.dataclass(frozen=True)

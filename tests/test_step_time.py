@@ -1,0 +1,138 @@
+"""The step-time model: its communication formulas worked by hand, its FLOP classes against MaxText's own
+count, the compiled program's collectives taking the analytic ones' place, and `plan --time` as a user
+runs it (its bad input is in test_bad_input.py)."""
+
+import functools
+import itertools
+import json
+import math
+
+import pytest
+
+from conftest import run_cli
+from maxtext_moe.config.hardware import GPUS
+from maxtext_moe.planner import step_time as st
+
+
+def test_a_collective_inside_one_nvlink_domain_moves_its_ring_share_over_nvlink():
+  gpu = GPUS["gb300"]
+  t = st.Transfer("ag", "all-gather", 64e9, group=8, domains=1, overlappable=True)
+  nvlink = gpu.nvlink_gbs * 1e9 * st.constant("nvlink_efficiency")
+  assert st.transfer_seconds(t, gpu) == pytest.approx(64e9 * 7 / 8 / nvlink)
+  # an all-reduce is a reduce-scatter and an all-gather: twice the traffic
+  assert st.transfer_seconds(st.Transfer("ar", "all-reduce", 64e9, 8, 1, True), gpu) == pytest.approx(
+    2 * 64e9 * 7 / 8 / nvlink
+  )
+
+
+def test_a_group_across_domains_is_bounded_by_the_nics_it_has_in_each():
+  gpu = GPUS["gb300"]
+  net = gpu.network_gbs * 1e9 * st.constant("network_efficiency")
+  nvlink = gpu.nvlink_gbs * 1e9 * st.constant("nvlink_efficiency")
+  # 2 GPUs in 2 racks: each chunk crosses once, through one NIC
+  two = st.Transfer("ag", "all-gather", 10e9, group=2, domains=2, overlappable=True)
+  assert st.transfer_seconds(two, gpu) == pytest.approx(max(10e9 / 2 / nvlink, 10e9 / 2 / net))
+  # 16 GPUs in 2 racks: (r - 1) / g of the data out of each NIC, so NVLink's share dominates
+  sixteen = st.Transfer("ag", "all-gather", 10e9, group=16, domains=2, overlappable=True)
+  assert st.transfer_seconds(sixteen, gpu) == pytest.approx(10e9 * 15 / 16 / nvlink)
+  # an all-to-all cannot share a crossing: half its rows go over the network
+  a2a = st.Transfer("ep", "all-to-all", 10e9, group=16, domains=2, overlappable=False)
+  assert st.transfer_seconds(a2a, gpu) == pytest.approx(10e9 / 2 / net)
+
+
+def test_unique_ranks_is_the_expected_number_of_distinct_destinations():
+  experts, k, ranks = 8, 3, 4
+  combos = list(itertools.combinations(range(experts), k))
+  exact = sum(len({e // (experts // ranks) for e in c}) for c in combos) / len(combos)
+  assert st.unique_ranks(experts, k, ranks) == pytest.approx(exact)
+  assert st.unique_ranks(256, 8, 1) == 1.0
+
+
+@functools.cache
+def _context(recipe: str):
+  """The planner's context of `recipe` (its parameter tree traced once: the layout does not change it)."""
+  from maxtext_moe.planner.memory_plan import _context as context
+
+  return context(recipe, [], None, None)[0]
+
+
+def _workload(recipe: str, overrides: list[str]):
+  from maxtext_moe.moe.settings import resolve_dispatch
+  from maxtext_moe.planner.step_workload import workload
+  from maxtext_moe.upstream import config as upstream_config
+
+  ctx = _context(recipe)
+  cfg = upstream_config.resolved(ctx.path, [*ctx.base_overrides, *overrides])
+  kind = resolve_dispatch(cfg.moe_dispatch, ep=8, platform=ctx.platform).value
+  return cfg, workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=recipe)
+
+
+def test_the_flop_classes_add_up_to_maxtexts_count_and_the_experts_to_the_hand_count():
+  from maxtext_moe.upstream.compile import train_tflops_per_device
+
+  cfg, w = _workload("h200x8/deepseek3-proxy-16b", ["remat_policy=minimal"])  # no recompute modelled
+  total, _, _ = train_tflops_per_device(cfg)
+  assert sum(w.flops.values()) == pytest.approx(total * 1e12, rel=1e-12)
+  tokens = cfg.per_device_batch_size * cfg.max_target_length
+  moe_layers = cfg.num_decoder_layers - cfg.first_num_dense_layers + cfg.mtp_num_layers
+  by_hand = 3 * 2 * tokens * 3 * cfg.emb_dim * cfg.moe_mlp_dim * cfg.num_experts_per_tok * moe_layers
+  assert w.flops["grouped"] == pytest.approx(by_hand, rel=1e-12)
+  # full remat runs the forward again: a third more of every class
+  _, full = _workload("h200x8/deepseek3-proxy-16b", ["remat_policy=full"])
+  for cls, flops in w.flops.items():
+    assert full.flops[cls] == pytest.approx(flops * 4 / 3, rel=1e-12)
+
+
+def test_the_fsdp_gathers_cover_every_weight_twice_per_step():
+  """FSDP=8 alone: every sharded parameter is gathered (forward, backward) whole, in the compute dtype; the
+  replicated ones (norm scales) are not."""
+  from maxtext_moe.planner.estimate import mesh_axes_of
+
+  cfg, w = _workload("h200x8/deepseek3-proxy-16b", ["ici_expert_parallelism=1", "ici_fsdp_parallelism=8"])
+  ctx = _context("h200x8/deepseek3-proxy-16b")
+  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
+  sharded = [
+    (p, s, n) for p, s, n in ctx.leaves if p[0] == "params" and any("fsdp" in a for a in mesh_axes_of(n, rules))
+  ]
+  params = sum(math.prod(shape) for _, shape, _ in sharded)
+  assert 0 < len(sharded) < len([leaf for leaf in ctx.leaves if leaf[0][0] == "params"])
+  gathers = [t for t in w.transfers if t.kind == "all-gather"]
+  assert sum(t.wire_bytes for t in gathers) == pytest.approx(2 * 2 * params, rel=1e-9)  # bf16, twice
+  assert {t.group for t in gathers} == {8} and not any(t.kind == "all-to-all" for t in w.transfers)
+
+
+def test_the_compiled_programs_collectives_replace_the_analytic_ones():
+  from maxtext_moe.planner.step_workload import with_compiled
+
+  w = st.Workload(
+    "x", 1, 1.0, {"dense": 1e12}, {}, 0.0,
+    [st.Transfer("ep", "all-to-all", 1e9, 8, 1, False), st.Transfer("fsdp", "all-gather", 5e9, 8, 1, True)],
+    0.0,
+  )  # fmt: skip
+  report = {
+    "devices": 16,
+    "partitions": 2,
+    "host_syncs_per_step": 7,
+    "collectives": {
+      "reduce-scatter x16": {"count": 3, "bytes": 1e8, "kind": "reduce-scatter", "group_size": 16, "axes": ["fsdp"]},
+      "all-to-all x8 (in a branch)": {"count": 9, "bytes": 4e9, "kind": "all-to-all", "group_size": 8},
+    },
+  }
+  c = with_compiled(w, report, {"fsdp": (8, 2), "expert": (1, 1)})
+  kinds = {t.name: t for t in c.transfers}
+  assert set(kinds) == {"ep", "XLA:GPU reduce-scatter x16"}  # the analytic gather gone, the exchange kept
+  rs = kinds["XLA:GPU reduce-scatter x16"]
+  assert rs.wire_bytes == pytest.approx(16e8) and rs.domains == 2  # its input: the result x the group
+  assert c.host_syncs == 7 and "XLA:GPU" in c.sources["collectives"]
+
+
+def test_plan_time_as_a_user_runs_it(tmp_path):
+  r = run_cli(["plan", "h200x8/deepseek3-proxy-16b", "--time", "--json"], cwd=tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  plan = json.loads(r.stdout.strip().splitlines()[-1])
+  t = plan["time"]
+  assert t["step_s"] > 0 and t["tflops_per_gpu"] == pytest.approx(
+    plan["estimate"]["tflops_per_step"] / t["step_s"], rel=1e-3
+  )
+  assert "analytic" in t["sources"]["collectives"] and len(t["exposed_s"]) <= 3
+  assert sum(t["parts_s"][k] for k in t["parts_s"] if "(overlapped)" not in k) == pytest.approx(t["step_s"], rel=1e-3)
