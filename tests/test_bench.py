@@ -32,3 +32,18 @@ def test_bounded_ep_measurement_on_a_small_shape(monkeypatch):
   assert got["bounded_memory_ratio"] < 0.5, got
   assert got["natural_bounded_rounds"] == 1 and got["adversarial_rounds"] > 1, got
   assert got["natural_bounded_dropped"] == got["one_rank_bounded_dropped"] == 0
+
+
+@pytest.mark.extended
+def test_timemodel_prints_every_published_point_beside_its_prediction(capsys):
+  """`bench timemodel --quick`: the three published points, each ratio predicted / published, and every
+  constant with its source in the JSON."""
+  from maxtext_moe.bench import timemodel
+
+  result = timemodel.run(out=__import__("sys").stdout, as_json=True, quick=True)
+  points = {r["point"]: r for r in result["published"]}
+  assert len(points) == 3 and all(
+    r["ratio"] == pytest.approx(r["predicted"] / r["published"], abs=1e-3) for r in points.values()
+  )
+  assert all(c["source"] for c in result["constants"].values())
+  assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")

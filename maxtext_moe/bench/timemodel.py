@@ -5,7 +5,8 @@ Published points whose configuration is known:
 - NVIDIA's MaxText + Transformer Engine run (NVIDIA/JAX-Toolbox, docs/frameworks/maxtext/deepseek-v3-moe;
   the "Accelerating Dropless MoE Training in JAX with NVIDIA Transformer Engine" post): 1,068 TFLOP/s per
   GPU on 128 GB300s, our recipe `gb300x128/deepseek3-671b-nvidia`; and its 97% scaling efficiency at 1,024
-  GB300s (the same per-GPU config over 16 racks, FSDP across them).
+  GB300s (the same per-GPU config over 16 racks, FSDP 8 and 2 data-parallel replicas across them: the
+  article does not give its layout, and FSDP 16 across would not divide MLA's kernels).
 - Megatron-Core's DeepSeek-V3 on 256 GB200s (NVIDIA/Megatron-LM, docs/discussions/deepseek-v3-gb200-
   optimization): TP1 / PP8 / VPP4 / EP32, MBS 1, GBS 2,048, sequence 4,096, MXFP8 on every linear layer,
   recompute of the dense layers' MLP, HybridEP: 970 TFLOP/s per GPU. Another framework: modelled with its
@@ -29,7 +30,9 @@ MEGATRON_GB200 = 970.0
 MEGATRON_GB300_BEST = (1635.0, 1670.0)  # Megatron-Bridge's DeepSeek-V3 GB300 MXFP8 figures (force-balanced)
 
 RECIPE = "gb300x128/deepseek3-671b"  # ours: te MXFP8 + te_ep, dropless, the bias update kept
-NVIDIA_AT_1024 = ["recipe_num_devices=1024", "num_slices=16", "dcn_fsdp_parallelism=16"]
+# FSDP 8 x 16 racks would split MLA's 512-wide kernels 1,024 ways (with the expert axis): FSDP 64 x 2
+# data-parallel replicas across the racks, as our gb300x1024 recipe does; the article does not say its layout.
+NVIDIA_AT_1024 = ["recipe_num_devices=1024", "num_slices=16", "dcn_fsdp_parallelism=8", "dcn_data_parallelism=2"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +207,23 @@ def search(devices: int) -> list[dict[str, Any]]:
   return sorted(rows, key=lambda r: -r["tflops_per_gpu"])
 
 
+def _constants() -> dict[str, Any]:
+  from maxtext_moe.planner.step_time import CONSTANTS, HOST_LINK_GBS  # pylint: disable=import-outside-toplevel
+
+  return CONSTANTS | {f"host_link_gbs_{k}": c for k, c in HOST_LINK_GBS.items()}
+
+
+def _constants_table() -> Any:
+  from rich.table import Table  # pylint: disable=import-outside-toplevel
+
+  table = Table(title="The model's constants (none fitted to the figures above)")
+  for col in ("constant", "value", "source"):
+    table.add_column(col, justify="right" if col == "value" else "left")
+  for name, c in _constants().items():
+    table.add_row(name, f"{c.value:.4g}", c.source)
+  return table
+
+
 def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str, Any]:
   """The published comparison and (unless quick) the layout search, as tables and one JSON object."""
   from rich.table import Table  # pylint: disable=import-outside-toplevel
@@ -216,7 +236,10 @@ def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str
   for r in points:
     exposed = "; ".join(f"{k} {v:.2f}" for k, v in r["exposed_s"])
     table.add_row(r["point"], f"{r['predicted']:,.2f}", f"{r['published']:,.2f}", f"{r['ratio']:.2f}", exposed)
-  emit(table, result, as_json=False, out=out, width=160) if not as_json else None
+  if not as_json:
+    emit(table, result, as_json=False, out=out, width=160)
+    emit(_constants_table(), {}, as_json=False, out=out, width=160)
+  result["constants"] = {k: {"value": c.value, "source": c.source} for k, c in _constants().items()}
   if not quick:
     for devices in (128, 1024):
       found = search(devices)

@@ -27,7 +27,6 @@ No constant here was fitted to a figure `bench timemodel` checks against.
 """
 
 import dataclasses
-import math
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
@@ -243,10 +242,8 @@ def format_prediction(p: Prediction) -> str:
 
 
 def unique_ranks(num_experts: int, top_k: int, ranks: int) -> float:
-  """Expected distinct ranks among a token's top-k experts, experts spread evenly and chosen uniformly:
-  what an exchange that sends a token once per destination rank puts on the wire (TE's NCCL EP, ours)."""
-  if ranks <= 1:
-    return 1.0
-  per_rank = num_experts // ranks
-  miss = math.comb(num_experts - per_rank, top_k) / math.comb(num_experts, top_k)
-  return ranks * (1 - miss)
+  """Expected distinct ranks among a token's top-k experts (`moe.permute.expected_distinct_ranks`; 1 without
+  EP): what an exchange that sends a token once per destination rank puts on the wire (TE's NCCL EP, ours)."""
+  from maxtext_moe.moe.permute import expected_distinct_ranks  # pylint: disable=import-outside-toplevel
+
+  return 1.0 if ranks <= 1 else expected_distinct_ranks(num_experts=num_experts, top_k=top_k, num_ranks=ranks)

@@ -357,7 +357,9 @@ def predict_config(ctx: Any, cfg: Any, label: str, compiled: dict | None = None)
 
 def for_recipe(recipe: str, overrides: list[str], *, gpus: int | None = None, compiled: dict | None = None) -> Any:
   """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given)."""
+  from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(recipe, overrides, gpus, None)
+  divisibility.check(cfg, ctx.leaves, ctx.num_devices)  # a layout that cannot be built has no step time
   return predict_config(ctx, cfg, f"{recipe} on {ctx.num_devices} GPUs", compiled)
