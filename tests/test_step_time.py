@@ -102,7 +102,7 @@ def test_the_fsdp_gathers_cover_every_weight_twice_per_step():
 
 
 def test_the_compiled_programs_collectives_replace_the_analytic_ones():
-  from maxtext_moe.planner.step_workload import with_compiled
+  from maxtext_moe.planner.step_plan import with_compiled
 
   w = st.Workload(
     "x", 1, 1.0, {"dense": 1e12}, {}, 0.0,

@@ -56,7 +56,7 @@ MEGATRON_256_GB200 = Megatron(gpus=256, tp=1, pp=8, vpp=4, ep=32, mbs=1, gbs=204
 def megatron_workload(cfg: Any, leaves: list, m: Megatron) -> Any:
   """The step-time `Workload` of one GPU of a Megatron-Core DeepSeek-V3 layout (see the module docstring);
   `cfg` is the model's MaxText config with per_device_batch_size = gbs x seq / gpus tokens per GPU."""
-  from maxtext_moe.planner import step_workload as sw  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.step_counts import memory_bytes_per_token  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.step_time import Transfer, Workload, unique_ranks  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.compile import (  # pylint: disable=import-outside-toplevel
     expert_tflops_per_device,
@@ -99,7 +99,7 @@ def megatron_workload(cfg: Any, leaves: list, m: Megatron) -> Any:
     Transfer("pipeline sends", "p2p", 2 * m.vpp * microbatches * per_microbatch, 2, 2, True),
   ]
   fmts = {"dense": "mxfp8", "grouped": "mxfp8", "attention": "bf16"}
-  moe_bytes, dense_bytes = sw.memory_bytes_per_token(cfg, rows / tokens, fmts)
+  moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows / tokens, fmts)
   memory = 3 * tokens * (moe_bytes * moe_layers + dense_bytes * dense_layers)
   return Workload(
     label=f"Megatron-Core TP{m.tp}/PP{m.pp}/VPP{m.vpp}/EP{m.ep} on {m.gpus} GPUs",
@@ -116,7 +116,7 @@ def megatron_workload(cfg: Any, leaves: list, m: Megatron) -> Any:
 
 
 def _predict(recipe: str, overrides: list[str]) -> Any:
-  from maxtext_moe.planner.step_workload import for_recipe  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.step_plan import for_recipe  # pylint: disable=import-outside-toplevel
 
   return for_recipe(recipe, overrides)
 
@@ -179,7 +179,7 @@ def search(devices: int) -> list[dict[str, Any]]:
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.step_workload import predict_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.step_plan import predict_config  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
 
   base, _ = _context(RECIPE, [], None, None)

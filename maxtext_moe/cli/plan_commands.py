@@ -1,0 +1,87 @@
+"""`maxtext-moe plan`: memory per GPU, the fit verdict and the cheapest fix; with --time the step time."""
+
+import argparse
+import json
+from typing import IO
+
+from maxtext_moe.cli.run_commands import split_recipe
+from maxtext_moe.errors import UserError
+
+
+def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.planner.memory_plan import memory_plan
+
+  recipe, overrides = split_recipe(ns.args)
+  if recipe is None:
+    raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
+  if ns.gpus is not None and ns.gpus < 1:
+    raise UserError(f"--gpus must be >= 1, got {ns.gpus}")
+  if ns.gpu_mem is not None and ns.gpu_mem <= 0:
+    raise UserError(f"--gpu-mem must be > 0 GiB, got {ns.gpu_mem}")
+  if not 0 < ns.mfu <= 1:
+    raise UserError(f"--mfu must be in (0, 1], got {ns.mfu}")
+  if ns.compiled and not ns.time:
+    raise UserError("--compiled is read by the step-time model: pass --time with it")
+  compiled = _compile_report(ns.compiled) if ns.compiled else None
+  result = memory_plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
+  timed = None
+  if ns.time:
+    from maxtext_moe.planner.step_plan import for_recipe
+    from maxtext_moe.planner.step_time import format_prediction
+
+    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled)
+  if ns.json:
+    print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
+  else:
+    print(result.table() + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
+  return 0 if result.base.fits else 1
+
+
+def _compile_report(path: str) -> dict:
+  """`compile`'s JSON report: its --json output saved to a file, or compile.json from --hlo DIR."""
+  from pathlib import Path
+
+  file = Path(path)
+  file = file / "compile.json" if file.is_dir() else file
+  try:
+    report = json.loads(file.read_text())
+  except (OSError, ValueError) as e:
+    raise UserError(
+      f"--compiled {path}: not a compile report ({e}); pass the --hlo DIR of 'maxtext-moe compile'"
+    ) from None
+  if not isinstance(report, dict) or "collectives" not in report or "devices" not in report:
+    raise UserError(
+      f"--compiled {path}: not a compile report (no collectives); pass the --hlo DIR of 'maxtext-moe compile'"
+    )
+  return report
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+  p = sub.add_parser(
+    "plan",
+    parents=[common],
+    help="estimate per-GPU memory and throughput; say whether a recipe fits and what would make it fit",
+    epilog="Exit code: 0 fits, 1 does not fit, 2 bad input. Example: maxtext-moe plan gb300x1024/deepseek3-671b",
+    description="Estimate one device's memory at the training step's peak for RECIPE plus overrides, by "
+    "component: parameters, gradients, Adam state, saved activations under the remat/offload policy, the "
+    "loss phase's logits, MoE dispatch buffers and attention; plus host memory for offloaded state. Says "
+    "whether it fits the GPU's HBM (times the flag profile's XLA_PYTHON_CLIENT_MEM_FRACTION) and, if not, "
+    "the cheapest change that does: an offload preset, another EP/FSDP split, or a smaller micro-batch. "
+    "Prints training FLOPs per token (MaxText's count) and TFLOP/s per GPU at --mfu. Nothing is compiled; "
+    "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU. "
+    "--time adds the step-time model (docs/step-time.md): compute per op class at measured efficiencies, "
+    "each collective from its bytes and whether it crosses NVLink domains, what overlaps and what is "
+    "exposed; step time, tokens/s, TFLOP/s per GPU, MFU and the three largest exposed costs. Its "
+    "collectives are analytic, or XLA:GPU's with --compiled DIR (the --hlo DIR of 'maxtext-moe compile' "
+    "for the same recipe and overrides); the output says which.",
+  )
+  p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  p.add_argument("--gpus", type=int, help="number of GPUs (default: the recipe's recipe_num_devices)")
+  p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
+  p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
+  p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of the table")
+  p.add_argument("--time", action="store_true", help="add the step-time model (GPU recipes)")
+  p.add_argument(
+    "--compiled", metavar="DIR", help="with --time: take the collectives from 'maxtext-moe compile --hlo DIR'"
+  )
+  p.set_defaults(func=_plan)

@@ -1,0 +1,79 @@
+"""The step-time model for a recipe: `for_recipe` (what `plan --time` prints), `predict_config` for a
+resolved config, and `with_compiled`, which puts the collectives of `compile`'s XLA:GPU report in place of
+the analytic ones."""
+
+import math
+from typing import Any
+
+from maxtext_moe.config.layout import mesh_sides
+from maxtext_moe.planner.step_time import Transfer, Workload
+from maxtext_moe.planner.step_workload import workload
+
+
+def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[int, int]] | None = None) -> Workload:
+  """`w` with its FSDP/gradient collectives and host syncs replaced by those of `compile`'s report of the
+  XLA:GPU program (`compile --json`, or `compile.json` from `--hlo DIR`). The expert exchange stays
+  analytic: without TE the compile runs all_to_all (or its bounded rounds) where the container runs TE's
+  NCCL EP."""
+  kept = [t for t in w.transfers if t.kind in ("all-to-all", "host", "p2p")]
+  devices = int(report["devices"])
+  partitions = max(int(report.get("partitions", 1)), 1)
+  per_domain = max(devices // partitions, 1)
+  for key, row in sorted(report["collectives"].items()):
+    if row["kind"] in ("all-to-all", "ragged-all-to-all", "collective-permute") or "(in a branch)" in key:
+      continue
+    group = int(row["group_size"])
+    named = [a for a in row.get("axes", ()) if sides and a in sides]
+    if named and len(named) == len(row.get("axes", ())):  # the mesh axes it spans: their DCN degrees
+      domains = math.prod(sides[a][1] for a in named)
+    else:  # groups by device id: consecutive devices fill a domain first
+      domains = max(1, -(-group // per_domain)) if group > per_domain else 1
+    nbytes = float(row["bytes"]) * (group if row["kind"] == "reduce-scatter" else 1)  # the report counts results
+    kept.append(Transfer(f"XLA:GPU {key}", row["kind"], nbytes, group, domains, True, float(row["count"])))
+  sources = dict(w.sources)
+  sources["collectives"] = (
+    "XLA:GPU's compiled program (all-gathers, reduce-scatters, all-reduces, host syncs); the expert exchange analytic"
+  )
+  return Workload(
+    **{f: getattr(w, f) for f in ("label", "tokens", "model_tflops", "flops", "formats", "memory_bytes")},
+    transfers=kept,
+    hideable_flops=w.hideable_flops,
+    host_syncs=float(report.get("host_syncs_per_step", w.host_syncs)),
+    pipeline=w.pipeline,
+    sources=sources,
+  )
+
+
+def predict_config(ctx: Any, cfg: Any, label: str, compiled: dict | None = None) -> Any:
+  """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan._context` of its recipe)."""
+  from maxtext_moe.config.hardware import gpu as gpu_model  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.step_time import predict  # pylint: disable=import-outside-toplevel
+
+  model = gpu_model(cfg.recipe_hardware)
+  if model is None:
+    raise UserError("plan --time models a GPU step; this recipe runs on CPU (pick a GPU recipe: 'maxtext-moe recipes')")
+  ep = mesh_sides(cfg, ctx.num_devices).get("expert", (1, 1))
+  kind = resolve_dispatch(
+    cfg.moe_dispatch, ep=ep[0] * ep[1], platform=ctx.platform, capacity_factor=float(cfg.moe_capacity_factor)
+  ).value
+  w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label)
+  if compiled is not None:
+    if int(compiled.get("devices", -1)) != ctx.num_devices or compiled.get("gpu") != str(cfg.recipe_hardware):
+      raise UserError(
+        f"the compile report is for {compiled.get('devices')} x {compiled.get('gpu')}, the plan for "
+        f"{ctx.num_devices} x {cfg.recipe_hardware}: compile the same recipe and overrides"
+      )
+    w = with_compiled(w, compiled, mesh_sides(cfg, ctx.num_devices))
+  return predict(w, model)
+
+
+def for_recipe(recipe: str, overrides: list[str], *, gpus: int | None = None, compiled: dict | None = None) -> Any:
+  """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given)."""
+  from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
+
+  ctx, cfg = _context(recipe, overrides, gpus, None)
+  divisibility.check(cfg, ctx.leaves, ctx.num_devices)  # a layout that cannot be built has no step time
+  return predict_config(ctx, cfg, f"{recipe} on {ctx.num_devices} GPUs", compiled)
