@@ -216,6 +216,9 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
         "moe_impl=dropless",
         "moe_gemm_backend=tokamax",
         "moe_dispatch=all_to_all",
+        "moe_mlpwi_0=remat",
+        "moe_mlpwi_1=remat",
+        "moe_mlpwo=remat",
         "quantization=",
         "attention=dot_product",
       ],
@@ -236,7 +239,7 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   r = recipes.read(recipe, [], keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
   assert extra == want
-  assert len(said) == (3 if recipe.endswith("nvidia") else 4), said  # ours: te, its MXFP8, te_ep, cuDNN
+  assert len(said) == (3 if recipe.endswith("nvidia") else 5), said  # ours: te, its MXFP8, te_ep, offload, cuDNN
   assert substitutions(r, te_available=True)[0] == ["attention=dot_product"]
 
 

@@ -7,6 +7,7 @@ GPU at a stated MFU.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -147,7 +148,6 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import model as upstream_model  # pylint: disable=import-outside-toplevel
 
   path = recipe_path(recipe)
   # A fine-tuning recipe's weights do not change its memory: plan it without them.
@@ -161,10 +161,19 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   spec = hardware.gpu(cfg.recipe_hardware)
   mem_fraction = float(flags.for_config(cfg).env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75 if spec else 1.0))
   hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
-  # The parameter tree's shapes do not depend on the layout: trace it once, on one device.
-  one_device = upstream_config.resolved(path, [*base_overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
-  leaves = upstream_model.param_leaves(one_device)
+  leaves = _leaves(str(path), tuple(base_overrides))
   return _Context(path, base_overrides, n, hbm, spec.host_gb * 1e9 / GIB if spec else None, leaves, _target(cfg)), cfg
+
+
+@functools.lru_cache(maxsize=8)
+def _leaves(path: str, overrides: tuple[str, ...]) -> list:
+  """The parameter tree's leaves: their shapes do not depend on the layout, so it is traced once, on one
+  device, per recipe and overrides (`plan --time` and the layout search ask again)."""
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import model as upstream_model  # pylint: disable=import-outside-toplevel
+
+  one_device = upstream_config.resolved(path, [*overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
+  return upstream_model.param_leaves(one_device)
 
 
 def _target(cfg: Any) -> Any:

@@ -106,9 +106,14 @@ def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[l
     # 1,049 GiB of temporaries per GB300, nothing like TE's fused block; ours is the portable dropless one.
     extra += ["te_moe_block=false", "prefuse_moe_weights=false", "moe_impl=dropless"]
     extra += ["moe_gemm_backend=tokamax", "moe_dispatch=all_to_all"]
+    # TE's moe() keeps residuals of its own, which the remat policy recomputes (the planner's model of it):
+    # our block's expert outputs are recomputed to match (offloaded, they also hit an XLA:GPU failure in
+    # the bounded rounds' conditional, docs/gpu-path.md).
+    extra += ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"]
     said.append(
       "te_moe_block=true runs Transformer Engine's fused moe(), which does not import here: compiled with our "
-      "portable dropless block instead (tokamax grouped GEMM, all_to_all dispatch, unfused weights)"
+      "portable dropless block instead (tokamax grouped GEMM, all_to_all dispatch, unfused weights, its expert "
+      "outputs recomputed as TE's residuals are)"
     )
   quantization = str(maxtext["quantization"] or "")
   if quantization.startswith("te_"):
