@@ -120,7 +120,8 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[in
     sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
   device = host = 0
   for name, elems in sizes.items():
-    where = str(getattr(getattr(cfg, name, "remat"), "value", "remat"))  # MaxText's RematLocation: str() is its name
+    where = getattr(cfg, name, "remat")
+    where = str(getattr(where, "value", where))  # MaxText's RematLocation: its str() is its name
     if name == "decoder_layer_input" and where == "remat":
       where = "device"  # the scan carry is kept regardless
     if where == "device":
