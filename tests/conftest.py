@@ -32,22 +32,3 @@ def upstream_config():
   from maxtext_moe.upstream import config
 
   return config
-
-
-# The files whose tests take minutes together, first: with `-n 2 --dist loadfile` each worker takes the
-# next file as it frees up, so a long file collected last leaves the other worker idle at the end. The
-# order changes nothing else (the suite passes in any order: `pytest -p randomly`).
-LONG_FILES_FIRST = (
-  "test_gpu_compile.py",
-  "test_moe_maxtext_parity.py",
-  "test_train_e2e.py",
-  "test_convert_any.py",
-  "test_upstream_contract.py",
-  "test_offload.py",
-  "test_convert_families.py",
-)
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -50,6 +50,7 @@ def test_every_yaml_parses_and_uses_known_keys(path, upstream_config):
   assert unknown == set()
 
 
+@pytest.mark.ci
 def test_a_recipe_key_its_model_file_also_sets_wins_and_the_command_line_is_still_checked(tmp_path, upstream_config):
   """MaxText merges models/<model_name>.yml over the recipe, so n_routing_groups: -1 in a recipe for
   deepseek3-671b (whose model file says 8) trained with 8 and said nothing. The recipe wins now; a

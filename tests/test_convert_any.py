@@ -163,6 +163,7 @@ def test_model_yaml_is_a_model_file_for_any_recipe(tmp_path, upstream_config):
     upstream_config.resolve(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [f"model_file={bad}"])
 
 
+@pytest.mark.ci
 def test_cli_converts_without_model_and_prints_a_readable_size(tmp_path):
   r = run_cli(
     ["convert", "hf-to-maxtext", "--hf", str(FIXTURES / "moonlight_16b_a3b"), "--out", str(tmp_path / "o")],

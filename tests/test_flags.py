@@ -40,6 +40,7 @@ def test_shipped_profiles_pass_the_installed_jaxlib(name):
   flags.probe(flags.profile(name).xla_flags)  # raises UserError naming a flag this jaxlib lacks
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize(
   ("flag", "message"),
   [

@@ -172,6 +172,7 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   assert any(s.startswith("attention=cudnn_flash_te needs cuDNN") for s in report["substitutions"])
 
 
+@pytest.mark.ci
 @needs_plugin
 def test_compile_refuses_what_it_cannot_compile_in_one_line(tmp_path):
   r = run_cli(["compile", "cpu/deepseek3-tiny"], cwd=tmp_path)

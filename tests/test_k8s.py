@@ -100,6 +100,7 @@ def test_bad_requests_are_one_line(change, hardware, devices, expected):
     k8s.manifests(req, ENV, hardware, devices)
 
 
+@pytest.mark.ci
 def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   args = ["k8s", "h200x8/deepseek3-proxy-16b", "--nodes", "16", "--image", "reg/x:1", "--kind", "job"]
   r = run_cli([*args, "recipe_num_devices=128", "num_slices=16", "dcn_fsdp_parallelism=16"], cwd=REPO)

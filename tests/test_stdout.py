@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import run_cli
@@ -26,6 +27,7 @@ def test_flags_output_evals_cleanly_under_set_e(tmp_path):
   assert "[DECOUPLED NO-OP]" not in r.stdout + r.stderr, "MaxText's notices are dropped without --verbose"
 
 
+@pytest.mark.ci
 def test_plan_json_is_the_whole_stdout(tmp_path):
   r = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "--json"], cwd=tmp_path)
   assert r.returncode == 0, r.stderr[-2000:]
@@ -33,6 +35,7 @@ def test_plan_json_is_the_whole_stdout(tmp_path):
   assert plan["fits"] is True and plan["recipe"] == "gb200-nvl72/deepseek3-671b"
 
 
+@pytest.mark.ci
 def test_config_is_yaml_and_recipes_are_names(tmp_path):
   r = run_cli(["config", "cpu/deepseek3-tiny", "steps=7"], cwd=tmp_path)
   assert r.returncode == 0, r.stderr[-2000:]
