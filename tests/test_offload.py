@@ -69,6 +69,7 @@ def _host_arguments(text: str) -> int:
   return main.count('mhlo.memory_kind = "pinned_host"')
 
 
+@pytest.mark.ci
 def test_activation_preset_offloads_each_named_tensor_on_gpu(upstream_config):
   """Lowered for CUDA: each scanned group (the dense layer, the MoE layers) sends its layer input and
   attention output to the host, and the MoE group its three grouped-GEMM outputs (wi_0, wi_1: R x F; wo:
@@ -83,6 +84,7 @@ def test_cpu_lowering_drops_activation_offload(upstream_config):
   assert _host_placements(_lowered(upstream_config, "activations", "cpu")) == {}
 
 
+@pytest.mark.ci
 def test_optimizer_and_parameter_presets_put_state_in_host_memory(upstream_config):
   none, optimizer, params = (_host_arguments(_lowered(upstream_config, o, "cpu")) for o in ("none", "optimizer", "all"))
   assert none == 0 < optimizer < params

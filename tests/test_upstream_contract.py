@@ -137,6 +137,7 @@ sys.exit(rc)
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_a_default_train_resolves_its_config_once(tmp_path):
   """One MaxText resolution for a whole `train` (MaxText's trainer is handed the object), and no re-exec."""
   args = ["train", "steps=1", "per_device_batch_size=1", "max_target_length=32", "run_name=once", "progress=silent"]
