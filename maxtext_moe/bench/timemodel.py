@@ -115,12 +115,6 @@ def megatron_workload(cfg: Any, leaves: list, m: Megatron) -> Any:
   )
 
 
-def _predict(recipe: str, overrides: list[str]) -> Any:
-  from maxtext_moe.planner.step_plan import for_recipe  # pylint: disable=import-outside-toplevel
-
-  return for_recipe(recipe, overrides)
-
-
 def _megatron(m: Megatron) -> Any:
   from maxtext_moe.config.hardware import GPUS  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
@@ -133,8 +127,10 @@ def _megatron(m: Megatron) -> Any:
 
 def published() -> list[dict[str, Any]]:
   """Predicted against published, one row per point."""
-  nvidia = _predict("gb300x128/deepseek3-671b-nvidia", [])
-  nvidia_1024 = _predict("gb300x128/deepseek3-671b-nvidia", NVIDIA_AT_1024)
+  from maxtext_moe.planner.step_plan import for_recipe  # pylint: disable=import-outside-toplevel
+
+  nvidia = for_recipe("gb300x128/deepseek3-671b-nvidia", [])
+  nvidia_1024 = for_recipe("gb300x128/deepseek3-671b-nvidia", NVIDIA_AT_1024)
   megatron = _megatron(MEGATRON_256_GB200)
   scaling = nvidia_1024.tflops_per_gpu / nvidia.tflops_per_gpu
   rows = [

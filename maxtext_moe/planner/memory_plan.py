@@ -186,14 +186,20 @@ def _target(cfg: Any) -> Any:
   return Platform("gpu", te_gemm=True, te_ep=True)
 
 
-def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
+def dispatch_kind(ctx: _Context, cfg: Any) -> str:
+  """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for."""
   from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
 
   ep = mesh_sizes(cfg, ctx.num_devices).get("expert", 1)
-  kind = resolve_dispatch(
+  return resolve_dispatch(
     cfg.moe_dispatch, ep=ep, platform=ctx.platform, capacity_factor=float(cfg.moe_capacity_factor)
   ).value
+
+
+def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
+  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
+
+  kind = dispatch_kind(ctx, cfg)
   total, _, _ = train_tflops_per_device(cfg)
   est = estimate(
     cfg,

@@ -2,6 +2,7 @@
 resolved config, and `with_compiled`, which puts the collectives of `compile`'s XLA:GPU report in place of
 the analytic ones."""
 
+import dataclasses
 import math
 from typing import Any
 
@@ -34,30 +35,21 @@ def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[in
   sources["collectives"] = (
     "XLA:GPU's compiled program (all-gathers, reduce-scatters, all-reduces, host syncs); the expert exchange analytic"
   )
-  return Workload(
-    **{f: getattr(w, f) for f in ("label", "tokens", "model_tflops", "flops", "formats", "memory_bytes")},
-    transfers=kept,
-    hideable_flops=w.hideable_flops,
-    host_syncs=float(report.get("host_syncs_per_step", w.host_syncs)),
-    pipeline=w.pipeline,
-    sources=sources,
-  )
+  host_syncs = float(report.get("host_syncs_per_step", w.host_syncs))
+  return dataclasses.replace(w, transfers=kept, host_syncs=host_syncs, sources=sources)
 
 
 def predict_config(ctx: Any, cfg: Any, label: str, compiled: dict | None = None) -> Any:
   """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan._context` of its recipe)."""
   from maxtext_moe.config.hardware import gpu as gpu_model  # pylint: disable=import-outside-toplevel
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.memory_plan import dispatch_kind  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.step_time import predict  # pylint: disable=import-outside-toplevel
 
   model = gpu_model(cfg.recipe_hardware)
   if model is None:
     raise UserError("plan --time models a GPU step; this recipe runs on CPU (pick a GPU recipe: 'maxtext-moe recipes')")
-  ep = mesh_sides(cfg, ctx.num_devices).get("expert", (1, 1))
-  kind = resolve_dispatch(
-    cfg.moe_dispatch, ep=ep[0] * ep[1], platform=ctx.platform, capacity_factor=float(cfg.moe_capacity_factor)
-  ).value
+  kind = dispatch_kind(ctx, cfg)
   w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label)
   if compiled is not None:
     if int(compiled.get("devices", -1)) != ctx.num_devices or compiled.get("gpu") != str(cfg.recipe_hardware):

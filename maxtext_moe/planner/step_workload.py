@@ -115,12 +115,13 @@ def _step(cfg: Any, num_devices: int) -> _Step:
   return _Step(tokens, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)
 
 
-def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, str]:
-  """({class: FLOPs with recompute}, MaxText's TFLOPs, how the recompute was counted)."""
+def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, str]:
+  """({class: FLOPs with recompute}, MaxText's TFLOPs, the shared experts' TFLOPs, how the recompute was
+  counted)."""
   from maxtext_moe.upstream.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
 
   total, weights, attention = train_tflops_per_device(cfg)
-  routed, _ = expert_tflops_per_device(cfg)
+  routed, shared = expert_tflops_per_device(cfg)
   recompute, note = recompute_tflops(cfg, step.tokens, step.layers, step.moe_layers)
   if step.moe_rerun:
     recompute["grouped"] = routed / 3
@@ -128,7 +129,7 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, str]:
   scale = 4 / 3 if step.full else 1  # the forward is a third of the training FLOPs
   model = {"dense": weights - routed, "grouped": routed, "attention": attention}
   flops = {cls: (tf * scale + recompute.get(cls, 0.0)) * 1e12 for cls, tf in model.items()}
-  return flops, total, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
+  return flops, total, shared, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 
 
 def _fsdp_transfers(cfg: Any, leaves: list, step: _Step) -> list[Transfer]:
@@ -195,16 +196,13 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
 
 def workload(cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: str) -> Workload:
   """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs."""
-  from maxtext_moe.upstream.compile import expert_tflops_per_device  # pylint: disable=import-outside-toplevel
-
   step = _step(cfg, num_devices)
-  flops, total, recompute_note = _flops(cfg, step)
+  flops, total, shared, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
   transfers = _fsdp_transfers(cfg, leaves, step) + exchange + _host_transfers(cfg, leaves, step, kind)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
   passes = 4 if step.full else 3  # forward, backward (2x), the recomputed forward
   memory = passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * (step.layers - step.moe_layers))
-  _, shared = expert_tflops_per_device(cfg)
   return Workload(
     label=label,
     tokens=step.tokens,

@@ -19,6 +19,7 @@ Shape legend: none (text in, counts out).
 """
 
 import dataclasses
+import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -134,10 +135,7 @@ def group_size(rest: str, num_devices: int) -> int:
     return len([x for x in m.group(1).split(",") if x])
   if m := _GROUPS_MESH.search(rest):
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-    size = 1
-    for axis in re.findall(r"'(\w+)'", m.group(2)):
-      size *= int(sizes.get(axis, 1))
-    return size
+    return math.prod(int(sizes.get(axis, 1)) for axis in group_axes(rest))
   return num_devices
 
 
