@@ -41,14 +41,21 @@ def test_every_gpu_model_of_the_table_gives_compile_only_devices():
 
 
 def test_hlo_reader_counts_per_step_on_a_worked_example():
-  """A while loop of 4 known trips holding an all-to-all and a conditional, one host copy and one async
-  all-gather over a named mesh axis at the top."""
+  """A while loop of 4 known trips holding an all-to-all, a conditional and a scanned activation written to
+  and read back from a host buffer (as XLA:GPU offloads one), one host copy and one async all-gather over a
+  named mesh axis at the top."""
   text = """
 %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %p = (s32[], f32[8]) parameter(0)
   %x = f32[8]{0} get-tuple-element(%p), index=1
   %a2a = f32[8]{0} all-to-all(%x), replica_groups=[2,4]<=[8], dimensions={0}
   %c = f32[8]{0} conditional(%i, %a2a, %a2a), branch_computations={%b0, %b1}
+  %buf = f32[4,8]{1,0:S(5)} get-tuple-element(%p), index=2
+  %u = f32[1,8]{1,0} bitcast(%c)
+  %d = f32[4,8]{1,0:S(5)} dynamic-update-slice(%buf, %u, %i, %z)
+  %back = f32[1,8]{1,0} dynamic-slice(%d, %i, %z), dynamic_slice_sizes={1,8}
+  %hrow = f32[1,8]{1,0:S(5)} get-tuple-element(%p), index=3
+  %same = f32[4,8]{1,0:S(5)} dynamic-update-slice(%d, %hrow, %i, %z)
   ROOT %t = (s32[], f32[8]) tuple(%i, %c)
 }
 %b0 (q: f32[8]) -> f32[8] {
@@ -88,7 +95,12 @@ ENTRY %main (x: f32[8]) -> f32[8] {
   }
   assert r["conditionals"] == 1 and r["host_syncs_per_step"] == 4  # one per trip of the loop
   assert r["unknown_trip_while_loops"] == 1 and r["host_syncs_per_step_at_most"] == 8  # + the branch's loop
-  assert r["host_transfers"] == {"to_host": {"count": 1.0, "bytes": 32.0}}
+  # the copy-start's 32 bytes once; per trip the update's 32 bytes in and the slice's 32 out (%same moves
+  # host memory to host memory: not a transfer)
+  assert r["host_transfers"] == {
+    "to_host": {"count": 5.0, "bytes": 160.0},
+    "from_host": {"count": 4.0, "bytes": 128.0},
+  }
 
 
 @needs_plugin
@@ -142,12 +154,13 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
 @needs_plugin
 def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(tmp_path):
   """The one XLA:GPU compile of the suite: the 16B proxy at its full 8 H200s (EP=8; the dense weights are
-  sharded over the expert axis), two layers and short sequences, through the real command as a user runs
-  it. Its program has the expert axis's all-to-all and the weights' gathers over it, no host sync but the
-  bounded rounds' one conditional per MoE layer and pass, Mosaic GPU grouped GEMMs, and memory within 10%
-  of the planner's for the same (substituted) config."""
-  args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=2"]
-  args += ["first_num_dense_layers=1"]
+  sharded over the expert axis), a dense and two MoE layers, short sequences, activations offloaded, through
+  the real command as a user runs it. Its program has the expert axis's all-to-all and the weights' gathers
+  over it, no host sync but the bounded rounds' one conditional per MoE layer and pass, the scanned layers'
+  offloaded activations written to host memory and read back, Mosaic GPU grouped GEMMs, and memory within
+  10% of the planner's for the same (substituted) config."""
+  args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=3"]
+  args += ["first_num_dense_layers=1", "offload=activations"]
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
   r = subprocess.run(
     [sys.executable, "-m", "maxtext_moe", *args],
@@ -165,7 +178,11 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   kinds = {(row["kind"], row["group_size"]) for row in report["collectives"].values()}
   assert ("all-to-all", 8) in kinds and ("all-gather", 8) in kinds, report["collectives"]
   assert report["unknown_trip_while_loops"] == 0
-  assert report["host_syncs_per_step"] == 3, report  # the bounded rounds' conditional: fwd, recompute, bwd
+  assert report["host_syncs_per_step"] == 6, report  # the rounds' conditional: fwd, recompute, bwd x 2 layers
+  # Each MoE layer's input and attention output, [2 x 1,024 x 2,048] bf16 per GPU, to the host and back.
+  row = 2 * 1024 * 2048 * 2
+  assert report["host_transfers"]["to_host"]["bytes"] >= 4 * row, report["host_transfers"]
+  assert report["host_transfers"]["from_host"]["bytes"] >= 4 * row, report["host_transfers"]
   assert report["gemms"].get("mosaic_gpu", 0) > 0 and "triton_gemm" in report["gemms"]
   assert abs(report["rel_error"]) <= 0.10, report
   assert report["peak"]["peak_bytes"] > 0 and (tmp_path / "train_step.after_optimizations.txt").stat().st_size > 0

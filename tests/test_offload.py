@@ -52,10 +52,15 @@ def test_preset_without_pinned_host_memory_is_refused(monkeypatch):
     check_platform(SimpleNamespace(offload="optimizer", moe_dispatch="auto"), platform="gpu")
 
 
-def _lowered(upstream_config, offload: str, platform: str) -> str:
+def lowered_with(upstream_config, offload: str, platform: str, extra: list[str]) -> str:
   from maxtext_moe.upstream.compile import lowered_train_step
 
-  return lowered_train_step(upstream_config.resolved(TINY, [*SMALL, f"offload={offload}"]), platform=platform)
+  cfg = upstream_config.resolved(TINY, [*SMALL, f"offload={offload}", *extra])
+  return lowered_train_step(cfg, platform=platform)
+
+
+def _lowered(upstream_config, offload: str, platform: str) -> str:
+  return lowered_with(upstream_config, offload, platform, [])
 
 
 def _host_placements(text: str) -> collections.Counter:
@@ -76,6 +81,24 @@ def test_activation_preset_offloads_each_named_tensor_on_gpu(upstream_config):
   R x D). The dense MLP's `mlpwo` is in the preset but DeepSeek's layers tag no tensor with that name."""
   assert _host_placements(_lowered(upstream_config, "activations", "cuda")) == {BSD: 4, RF: 2, RD: 1}
   assert _host_placements(_lowered(upstream_config, "none", "cuda")) == {}
+
+
+@pytest.mark.ci
+def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offloaded(upstream_config):
+  """With expert parallelism the bounded rounds run the grouped GEMMs inside a conditional, where an
+  offloaded residual made XLA:GPU's layout assignment fail (host memory from one branch, a device buffer
+  from the other): there the block does not name them, so the policy recomputes them and only the layer
+  inputs and attention outputs go to the host; the planner counts the same."""
+  from maxtext_moe.planner.estimate import _saved_per_layer
+
+  ep = ["ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "moe_dispatch=all_to_all"]
+  text = lowered_with(upstream_config, "activations", "cuda", ep)
+  assert _host_placements(text) == {BSD: 4}
+  cfg = upstream_config.resolved(TINY, [*SMALL, "offload=activations", *ep])
+  named = upstream_config.resolved(TINY, [*SMALL, "offload=activations"])
+  rows, d_b = 128, 4
+  assert _saved_per_layer(cfg, 32, d_b, rows, "all_to_all")[1] == 3 * 32 * 64 * d_b  # layer input, out_proj, mlpwo
+  assert _saved_per_layer(named, 32, d_b, rows, "local")[1] == (3 * 32 * 64 + rows * (2 * 32 + 64)) * d_b
 
 
 def test_cpu_lowering_drops_activation_offload(upstream_config):

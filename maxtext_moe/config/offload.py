@@ -5,7 +5,8 @@
   optimizer_params  + parameters (parameter_memory_host_offload; MaxText requires param_scan_axis=0 for it,
                     which changes the scanned layout of new checkpoints)
   activations       remat_policy=custom: each layer's input and the big matmul outputs, the MoE ones
-                    included (our block tags them with MaxText's names), go to host memory
+                    included (our block tags them with MaxText's names), go to host memory; under the
+                    bounded rounds the MoE ones are recomputed instead (`moe.settings.outputs_recomputed`)
   all               optimizer_params + activations
 
 A preset's keys go before the user's key=value overrides, so an explicit override still wins.

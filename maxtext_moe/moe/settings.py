@@ -77,7 +77,8 @@ def detect_platform() -> Platform:
 
 
 # MaxText's remat names for the block's three GEMM outputs (`checkpoint_name` tags), so its custom remat
-# policy (and our offload presets) can save or offload them.
+# policy (and our offload presets) can save or offload them; not under the bounded rounds
+# (`outputs_recomputed`).
 REMAT_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
 
@@ -98,6 +99,7 @@ class MoESettings:
   # collectives.ragged_all_to_all_reference.
   ragged_exchange: Callable | None = None
   window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
+  name_outputs: bool = True  # tag the GEMM outputs with REMAT_NAMES (the block clears it under the rounds)
 
 
 def _platform(platform: Platform | str) -> Platform:
@@ -225,6 +227,13 @@ def runs_in_rounds(kind: DispatchKind | str, buffers: BufferMode | str) -> bool:
   `moe_buffers: bounded`; te_ep sizes its own buffers and local has none."""
   exchanged = DispatchKind(kind) in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
   return exchanged and BufferMode(buffers) == BufferMode.BOUNDED
+
+
+def outputs_recomputed(kind: DispatchKind | str, buffers: BufferMode | str) -> bool:
+  """Whether the experts' GEMM outputs are recomputed whatever the remat policy says of REMAT_NAMES: under
+  the bounded rounds, where they sit in a conditional. Offloaded there, XLA:GPU's layout assignment fails
+  (host memory from one branch, a device buffer from JAX's other); kept, they would be kept per round."""
+  return runs_in_rounds(kind, buffers)
 
 
 def routed_rows(

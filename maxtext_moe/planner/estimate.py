@@ -39,7 +39,7 @@ import numpy as np
 
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe.settings import received_rows, routed_rows
+from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
 from maxtext_moe.planner import xla_buffers
 
 GIB = 2**30
@@ -93,6 +93,7 @@ class Estimate:
   host_capacity: int | None
   tflops_per_step: float
   tokens_per_step: int
+  host_state: int = 0  # of `host`: the optimizer state and parameters offload puts there (no activations)
   overrides: list[str] = dataclasses.field(default_factory=list)
 
   @property
@@ -102,8 +103,10 @@ class Estimate:
     return device_ok and host_ok
 
 
-def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[int, int]:
-  """(device, host) bytes the remat policy keeps per MoE layer for the backward."""
+def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int, dispatch: str) -> tuple[int, int]:
+  """(device, host) bytes the remat policy keeps per MoE layer for the backward. The experts' outputs are
+  recomputed under TE's fused block and under the bounded rounds (`outputs_recomputed`), whatever the
+  policy names."""
   emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
   sizes = {
     "decoder_layer_input": tokens * emb,
@@ -116,7 +119,7 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int) -> tuple[in
   policy = str(cfg.remat_policy)
   if policy != "custom":  # full, and policies not modelled: the layer input, which every policy keeps
     return tokens * emb * d_bytes, 0
-  if maxtext_te_block(cfg):  # TE's fused moe() keeps its own residuals: recomputed under the policy
+  if maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers):  # TE: its own residuals
     sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
   device = host = 0
   for name, elems in sizes.items():
@@ -215,12 +218,13 @@ def estimate(
   layer_phase += moe_dispatch + attention
 
   layers = int(cfg.num_decoder_layers) + mtp
-  saved_dev, saved_host = _saved_per_layer(cfg, tokens, d_b, rows)
-  host = saved_host * layers
+  saved_dev, saved_host = _saved_per_layer(cfg, tokens, d_b, rows, dispatch)
+  host = host_state = 0
   if cfg.optimizer_memory_host_offload:
-    host, optimizer = host + optimizer, 0
+    host_state, optimizer = host_state + optimizer, 0
   if cfg.parameter_memory_host_offload:
-    host, params = host + params, 0
+    host_state, params = host_state + params, 0
+  host = saved_host * layers + host_state
   saved = saved_dev * layers
   return Estimate(
     params=params,
@@ -239,4 +243,5 @@ def estimate(
     host_capacity=None if host_gib is None else int(host_gib * GIB),
     tflops_per_step=tflops,
     tokens_per_step=tokens,
+    host_state=host_state,
   )

@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
-from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
+from maxtext_moe.moe.settings import DispatchKind, outputs_recomputed, received_rows, runs_in_rounds
 from maxtext_moe.planner.estimate import (
   _moe_rows,
   _saved_per_layer,
@@ -100,17 +100,19 @@ class _Step:
   rules: list
 
 
-def _step(cfg: Any, num_devices: int) -> _Step:
+def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   tokens = int(float(cfg.per_device_batch_size) * int(cfg.max_target_length)) * int(cfg.gradient_accumulation_steps)
   layers = int(cfg.num_decoder_layers) + int(getattr(cfg, "mtp_num_layers", 0) or 0)
   moe_layers = layers - (int(cfg.first_num_dense_layers) if value_of(cfg.decoder_block) == "deepseek" else 0)
   moe_layers = moe_layers if int(cfg.num_experts) > 1 else 0
   full = str(cfg.remat_policy) == "full"
   # The experts' forward runs again in the backward when the policy keeps none of its own outputs: always
-  # for MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes), and
-  # for ours when a custom policy rematerializes every one of its tensors.
+  # for MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes) and
+  # ours under the bounded rounds (`outputs_recomputed`), and when a custom policy rematerializes every one
+  # of its tensors.
   none_kept = all(value_of(getattr(cfg, n, "remat")) == "remat" for n in _MOE_NAMES)
-  rerun = str(cfg.remat_policy) == "custom" and moe_layers > 0 and (maxtext_te_block(cfg) or none_kept)
+  none_kept = none_kept or maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers)
+  rerun = str(cfg.remat_policy) == "custom" and moe_layers > 0 and none_kept
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
   return _Step(tokens, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)
 
@@ -181,7 +183,7 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
   out = []
   ep = math.prod(step.sides.get("expert", (1, 1)))
   buffer_rows, _ = _moe_rows(cfg, step.tokens, ep, kind) if step.moe_layers else (0, 0)
-  _, host_per_layer = _saved_per_layer(cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows)
+  _, host_per_layer = _saved_per_layer(cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows, kind)
   if host_per_layer:
     nbytes, n = 2 * host_per_layer * step.moe_layers, 2 * step.moe_layers
     out.append(Transfer("host offload copies", "host", nbytes, 1, 1, True, n))
@@ -196,7 +198,7 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
 
 def workload(cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: str) -> Workload:
   """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs."""
-  step = _step(cfg, num_devices)
+  step = _step(cfg, num_devices, dispatch)
   flops, total, shared, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
   transfers = _fsdp_transfers(cfg, leaves, step) + exchange + _host_transfers(cfg, leaves, step, kind)

@@ -10,6 +10,7 @@ TE does not import, attention kernels that need cuDNN at compile time. Kernel ch
 nothing is autotuned without a GPU.
 """
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -58,34 +59,52 @@ def target_of(keys: Any) -> Target:
 
 
 def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[str]]:
-  """(overrides, plain words) for what this machine cannot compile as the recipe's container would run it."""
+  """(overrides, plain words) for what this machine cannot compile as the recipe's container would run it.
+  With TE (`./setup.sh --gpu-compile-te`) its grouped GEMM is compiled as itself, and `auto` is written
+  out as the `te` the container picks (the compiling process's own platform is the CPU); TE's NCCL EP never
+  compiles here (`upstream.te_compile`)."""
   extra, said = [], []
   keys = recipe.keys
   gemm, dispatch = str(keys.plugin.moe_gemm_backend), str(keys.plugin.moe_dispatch)
+  quantized = str(keys.plugin.moe_gemm_quantization)
   if keys.maxtext["te_moe_block"]:  # MaxText's TE block, not ours (substituted below)
     gemm = dispatch = "maxtext"
+  if te_available and gemm == "auto":
+    extra.append("moe_gemm_backend=te")
   if not te_available and gemm in ("auto", "te"):
     extra.append("moe_gemm_backend=tokamax")
     said.append(
       f"moe_gemm_backend={gemm}: the container runs Transformer Engine's grouped GEMM (te), which does not import "
-      "here; compiled with tokamax (Mosaic GPU), what auto picks on a GPU without TE"
+      "here; compiled with tokamax (Mosaic GPU), what auto picks on a GPU without TE (./setup.sh --gpu-compile-te "
+      "compiles TE's own)"
     )
-    quantized = str(keys.plugin.moe_gemm_quantization)
     if quantized != "none":
       extra.append("moe_gemm_quantization=none")
       said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
-  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
+  if dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
     extra.append("moe_dispatch=all_to_all")
-    said.append(
-      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), which needs TE and NCCL communicators; "
-      "compiled with all_to_all (its buffers as moe_buffers says)"
+    why = (
+      "which needs NCCL communicators (ep_bootstrap) that a process without GPUs cannot create, and TE asks "
+      "them for its handle size while the step is traced"
+      if te_available
+      else "which needs TE and NCCL communicators"
     )
+    said.append(
+      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), {why}; compiled with all_to_all (its "
+      "buffers as moe_buffers says)"
+    )
+    if te_available and quantized == "mxfp8" and gemm in ("auto", "te"):
+      extra.append("moe_gemm_quantization=fp8")
+      said.append(
+        "moe_gemm_quantization=mxfp8 needs te_ep's 128-row aligned groups: TE's grouped GEMM is compiled in fp8 "
+        "(per-tensor scales) instead"
+      )
   if keys.plugin.offload not in (None, "none"):
     said.append(
       f"offload={keys.plugin.offload}: XLA:GPU's compile-only devices have no host memory space, so JAX 0.12 drops "
-      "every pinned_host placement (a NamedSharding's memory_kind becomes None) and the offloaded state is "
-      "counted on the device here; `fits` subtracts the planner's offloaded bytes (the CUDA lowering keeps "
-      "the placements: tests/test_offload.py)"
+      "every pinned_host placement of the state (a NamedSharding's memory_kind becomes None) and the offloaded "
+      "state is counted on the device here; `fits` subtracts the planner's offloaded bytes. Activations "
+      "offloaded by the remat policy do move (host_transfers)"
     )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
@@ -97,29 +116,43 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
 
 
 def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[list[str], list[str]]:
-  """MaxText's own TE paths (its TE MoE block, TE's FP8 dense GEMMs), which need TE to trace."""
-  if te_available:
-    return [], []
+  """MaxText's own TE paths (its TE MoE block, TE's FP8 dense GEMMs): they need TE to trace, and its block's
+  expert parallelism TE's NCCL EP, which never compiles here."""
   extra, said = [], []
+  quantization = str(maxtext["quantization"] or "")
   if maxtext["te_moe_block"]:
     # Not MaxText's own sparse_matmul: at DeepSeek-V3's batch 6 x 4,096 its ragged all-to-all path needed
     # 1,049 GiB of temporaries per GB300, nothing like TE's fused block; ours is the portable dropless one.
+    gemm = "te" if te_available else "tokamax"
     extra += ["te_moe_block=false", "prefuse_moe_weights=false", "moe_impl=dropless"]
-    extra += ["moe_gemm_backend=tokamax", "moe_dispatch=all_to_all"]
+    extra += [f"moe_gemm_backend={gemm}", "moe_dispatch=all_to_all"]
     # TE's moe() keeps residuals of its own, which the remat policy recomputes (the planner's model of it):
-    # our block's expert outputs are recomputed to match (offloaded, they also hit an XLA:GPU failure in
-    # the bounded rounds' conditional, docs/gpu-path.md).
+    # our block's expert outputs are recomputed to match (under the bounded rounds they always are).
     extra += ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"]
+    why = "whose expert parallelism is TE's NCCL EP" if te_available else "which does not import here"
     said.append(
-      "te_moe_block=true runs Transformer Engine's fused moe(), which does not import here: compiled with our "
-      "portable dropless block instead (tokamax grouped GEMM, all_to_all dispatch, unfused weights, its expert "
-      "outputs recomputed as TE's residuals are)"
+      f"te_moe_block=true runs Transformer Engine's fused moe(), {why}: compiled with our dropless block "
+      f"instead ({gemm} grouped GEMM, all_to_all dispatch, unfused weights, its expert outputs recomputed as "
+      "TE's residuals are)"
     )
-  quantization = str(maxtext["quantization"] or "")
-  if quantization.startswith("te_"):
+    if quantization:
+      extra.append("quantization=")
+      said.append(f"quantization={quantization}: our block's dense layers are bf16, so they are compiled in bf16")
+  elif quantization.startswith("te_") and not te_available:
     extra.append("quantization=")
     said.append(f"quantization={quantization} needs Transformer Engine: compiled with bf16 dense GEMMs")
   return extra, said
+
+
+def _load_te() -> bool:
+  """Whether TE's kernels compile here: in the environment `./setup.sh --gpu-compile-te` made, TE is
+  loaded against the driver stub (`upstream.te_compile`); elsewhere TE is whatever `te.status()` finds."""
+  from maxtext_moe.upstream import te, te_compile  # pylint: disable=import-outside-toplevel
+
+  if te_compile.prepared():
+    te_compile.load()
+    te.status.cache_clear()
+  return te.status().available
 
 
 def _compiler_failed(e: Exception, hlo_dir: Path | None) -> None:
@@ -169,9 +202,10 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
 
   if not plugin_installed():
     raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")
+  te_available = _load_te()
   first = recipes.read(name, overrides, keep_process_flags=False)
   target = target_of(first.keys)
-  extra, said = substitutions(first, te_available=te.status().available)
+  extra, said = substitutions(first, te_available=te_available)
   recipe, cfg = _resolve(name, overrides, target, extra, hlo_dir / "xla" if hlo_dir else None)
   # The planner's figures first: they also refuse, in one line, a layout that does not divide a parameter.
   planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
@@ -180,8 +214,10 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   )
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
   start = time.monotonic()
+  major, minor = target.gpu.compute_capability
   try:
-    compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
+    with te.for_target(major * 10 + minor) if te_available else contextlib.nullcontext():
+      compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
   except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
     _compiler_failed(e, hlo_dir)
   seconds = time.monotonic() - start

@@ -196,16 +196,22 @@ def _on_host(shape: str) -> bool:
 _OPERANDS = re.compile(r"%([\w.\-]+)")
 
 
-def _host_direction(ins: Instr, shapes: dict[str, str]) -> str | None:
-  """'to_host' / 'from_host' for a data movement between device and host memory, else None."""
+def _host_move(ins: Instr, shapes: dict[str, str]) -> tuple[str, int] | None:
+  """('to_host' | 'from_host', bytes moved) for a data movement between device and host memory, else None.
+  A dynamic-update-slice into a host buffer (how XLA:GPU writes a scanned layer's offloaded activation,
+  inside an async fusion) moves its update; anything else moves what it writes."""
   if ins.opcode not in ("copy-start", "copy", "dynamic-update-slice", "dynamic-slice", "fusion", "bitcast"):
     return None
-  operand_text = ins.rest.split("),")[0]
-  from_host = any(_on_host(shapes.get(n, "")) for n in _OPERANDS.findall(operand_text))
-  to_host = _on_host(_moved(ins))
+  names = _OPERANDS.findall(ins.rest.split("),")[0])
+  written = _moved(ins)
+  if ins.opcode == "dynamic-update-slice" and _on_host(written) and len(names) > 1:
+    update = shapes.get(names[1], "")
+    return None if _on_host(update) else ("to_host", array_bytes(update))
+  from_host = any(_on_host(shapes.get(n, "")) for n in names)
+  to_host = _on_host(written)
   if ins.opcode == "bitcast" or to_host == from_host:
     return None
-  return "to_host" if to_host else "from_host"
+  return ("to_host" if to_host else "from_host"), array_bytes(written)
 
 
 def _moved(ins: Instr) -> str:
@@ -246,8 +252,8 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         nbytes = array_bytes(result_shape(ins))
         axes = group_axes(ins.rest)
         _add(collectives, key, runs=n, nbytes=nbytes, kind=kind, group_size=size, is_async=is_async, axes=list(axes))
-      if direction := _host_direction(ins, shapes):
-        _add(host, direction, runs=n, nbytes=array_bytes(_moved(ins)))
+      if move := _host_move(ins, shapes):
+        _add(host, move[0], runs=n, nbytes=move[1])
       if gemm := _gemm_kind(ins):
         gemms[gemm] += n
       syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))

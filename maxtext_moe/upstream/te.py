@@ -22,7 +22,10 @@ What we use, as read from those sources:
 - `moe.get_moe_recv_capacity_per_rank(...)`: TE's own sizing (dropless worst case, or a factor >= 1).
 """
 
+import contextlib
 import functools
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,3 +263,35 @@ def ep_combine(weighted_out: jax.Array, counts: jax.Array, handle: tuple, *, num
 
   cfg, handle_mem = handle
   return ep.ep_combine(cfg, handle_mem, counts, weighted_out.astype(jnp.bfloat16), num_tokens)
+
+
+@contextlib.contextmanager
+def for_target(sm: int) -> Iterator[None]:
+  """TE answers `sm` (major x 10 + minor) for the GPU's compute capability while the context is open: in a
+  process that compiles for GPUs it does not have (`upstream.te_compile`). TE's C++ query, imported by name
+  into several of its modules, is replaced in each, and TE's cached answers are cleared on the way in and
+  out."""
+  import transformer_engine.jax  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+  import transformer_engine_jax  # pylint: disable=import-outside-toplevel
+  from transformer_engine.jax.quantize import device_utils  # pylint: disable=import-outside-toplevel
+
+  real = transformer_engine_jax.get_device_compute_capability
+
+  def target(gpu_id: int = 0) -> int:
+    del gpu_id
+    return sm
+
+  modules = [m for n, m in list(sys.modules.items()) if n.startswith("transformer_engine") and m is not None]
+  patched = [m for m in modules if getattr(m, "get_device_compute_capability", None) is real]
+  cached = (device_utils.get_device_compute_capability, device_utils.is_fp8_gemm_with_all_layouts_supported)
+  for module in patched:
+    module.get_device_compute_capability = target
+  for f in cached:
+    f.cache_clear()
+  try:
+    yield
+  finally:
+    for module in patched:
+      module.get_device_compute_capability = real
+    for f in cached:
+      f.cache_clear()
