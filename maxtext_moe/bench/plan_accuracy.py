@@ -17,9 +17,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from maxtext_moe.bench.report import emit
+from maxtext_moe.errors import UserError
 
 CASES: dict[str, tuple[str, list[str]]] = {
   "tiny fsdp=8": ("cpu/deepseek3-tiny", []),
@@ -42,6 +44,14 @@ GPU_CASES: dict[str, tuple[str, list[str]]] = {
   "gb200-nvl72 deepseek3-671b": ("gb200-nvl72/deepseek3-671b", []),
   "gb300x1024 deepseek3-671b": ("gb300x1024/deepseek3-671b", []),
 }
+# `--gpu --te`: the same compiles with Transformer Engine's grouped GEMM, in the environment
+# `./setup.sh --gpu-compile-te` makes (TE's NCCL EP cannot compile there: all_to_all stands in for it).
+GPU_TE_CASES: dict[str, tuple[str, list[str]]] = {
+  "h200x8 deepseek3-proxy-16b te bf16": ("h200x8/deepseek3-proxy-16b", []),
+  "h200x8 deepseek3-proxy-16b te fp8": ("h200x8/deepseek3-proxy-16b", ["moe_gemm_quantization=fp8"]),
+  "b200x8 deepseek3-proxy-16b te fp8": ("b200x8/deepseek3-proxy-16b", ["moe_gemm_quantization=fp8"]),
+}
+TE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-te" / "bin" / "python"
 
 
 def xla_memory(recipe: str, overrides: list[str], *, devices: int = DEVICES) -> dict[str, int]:
@@ -83,10 +93,11 @@ def compare(name: str, *, devices: int = DEVICES) -> dict[str, Any]:
   }
 
 
-def gpu_compile(recipe: str, overrides: list[str]) -> dict[str, Any]:
-  """`maxtext-moe compile RECIPE --json` in a child process (its own flag environment and backends)."""
+def gpu_compile(recipe: str, overrides: list[str], *, python: str = sys.executable) -> dict[str, Any]:
+  """`maxtext-moe compile RECIPE --json` in a child process (its own flag environment and backends), run by
+  `python` (the TE environment's for the TE cases)."""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  cmd = [sys.executable, "-m", "maxtext_moe", "compile", recipe, *overrides, "--json"]
+  cmd = [python, "-m", "maxtext_moe", "compile", recipe, *overrides, "--json"]
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
   if not lines:
@@ -94,15 +105,24 @@ def gpu_compile(recipe: str, overrides: list[str]) -> dict[str, Any]:
   return json.loads(lines[-1])
 
 
-def run_gpu(*, out: IO[str], as_json: bool = False, only: str | None = None) -> dict[str, Any]:
-  """The planner against XLA:GPU at full size for every GPU model (`GPU_CASES`), a table and the JSON."""
+def run_gpu(*, out: IO[str], as_json: bool = False, only: str | None = None, te: bool = False) -> dict[str, Any]:
+  """The planner against XLA:GPU at full size for every GPU model (`GPU_CASES`; with `te`, `GPU_TE_CASES`
+  in the TE environment), a table and the JSON."""
   from rich.table import Table
 
-  names = [n for n in GPU_CASES if only is None or only in n]
-  cases = {name: gpu_compile(*GPU_CASES[name]) for name in names}
+  if te and not TE_PYTHON.is_file():
+    raise UserError("bench plan --gpu --te compiles with Transformer Engine: run ./setup.sh --gpu-compile-te first")
+  table_of = GPU_TE_CASES if te else GPU_CASES
+  python = str(TE_PYTHON) if te else sys.executable
+  names = [n for n in table_of if only is None or only in n]
+  if not names:
+    raise UserError(f"no --gpu case contains {only!r}; the cases: {', '.join(table_of)}")
+  cases = {name: gpu_compile(*table_of[name], python=python) for name in names}
   result = {"cases": cases, "max_rel_error": max(abs(c["rel_error"]) for c in cases.values())}
   table = Table(title="Planner vs XLA:GPU memory per GPU (compiled without a GPU; kernels not autotuned)")
-  for col in ("case", "GPUs", "XLA:GPU GiB", "planner GiB", "rel. error", "fits (XLA / planner)", "host syncs"):
+  cols = ("case", "GPUs", "XLA:GPU GiB", "planner GiB", "rel. error", "fits (XLA / planner)", "host syncs")
+  cols += ("grouped GEMM",)
+  for col in cols:
     table.add_column(col, justify="left" if col == "case" else "right")
   gib = 2**30
   for name, c in cases.items():
@@ -114,10 +134,17 @@ def run_gpu(*, out: IO[str], as_json: bool = False, only: str | None = None) -> 
       f"{c['rel_error']:+.1%}",
       f"{c['fits']} / {c['planner']['fits']}",
       f"{c['host_syncs_per_step']:,.0f}",
+      _grouped_gemm(c["gemms"]),
     )
-  table.add_row("max |rel. error|", "", "", "", f"{result['max_rel_error']:.1%}", "", "")
+  table.add_row("max |rel. error|", "", "", "", f"{result['max_rel_error']:.1%}", "", "", "")
   emit(table, result, as_json=as_json, out=out)
   return result
+
+
+def _grouped_gemm(gemms: dict[str, float]) -> str:
+  """The grouped-GEMM kernels of a compiled step ("te_grouped_gemm 168"), the rest of its GEMMs left out."""
+  grouped = {k: v for k, v in gemms.items() if k in ("te_grouped_gemm", "mosaic_gpu")}
+  return ", ".join(f"{k} {v:,.0f}" for k, v in sorted(grouped.items())) or "-"
 
 
 def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str, Any]:

@@ -13,10 +13,16 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.which == "plan":
     from maxtext_moe.bench import plan_accuracy
 
+    if ns.te and ns.gpu is None:
+      raise UserError("--te goes with --gpu: bench plan --gpu --te")
     if ns.gpu is not None:
-      plan_accuracy.run_gpu(out=out, as_json=ns.json, only=ns.gpu or None)
+      plan_accuracy.run_gpu(out=out, as_json=ns.json, only=ns.gpu or None, te=ns.te)
     else:
       plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
+  elif ns.which == "flags":
+    from maxtext_moe.bench import flag_profiles
+
+    flag_profiles.run(out=out, as_json=ns.json, only=ns.gpu or None)
   elif ns.which == "timemodel":
     from maxtext_moe.bench import timemodel
 
@@ -185,9 +191,11 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     "devices (maxtext_moe/bench/plan_accuracy.py); about 5 minutes on 2 cores, --quick about 1. "
     "timemodel: the step-time model against published DeepSeek-V3 figures (NVIDIA's 1,068 TFLOP/s and 97%% "
     "scaling, Megatron-Core's 970 on GB200), then the fastest layouts of our block on 128 and 1,024 GB300s "
-    "(maxtext_moe/bench/timemodel.py); about 4 minutes, --quick (no layout search) under 1.",
+    "(maxtext_moe/bench/timemodel.py); about 4 minutes, --quick (no layout search) under 1. flags: what each GPU "
+    "flag profile changes in the compiled step (async pairs, streams, command buffers, host syncs), XLA:GPU "
+    "without a GPU (maxtext_moe/bench/flag_profiles.py); about 2 minutes per case, --gpu CASE for one.",
   )
-  p.add_argument("which", choices=["moe", "convert", "plan", "timemodel"], help="which benchmark")
+  p.add_argument("which", choices=["moe", "convert", "plan", "timemodel", "flags"], help="which benchmark")
   p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases; timemodel: no layout search")
   p.add_argument(
     "--gpu",
@@ -195,7 +203,13 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     const="",
     metavar="CASE",
     help="plan: against XLA:GPU at full size, one recipe of every GPU model (compiled without a GPU; minutes "
-    "each; CASE: only the cases whose name contains it)",
+    "each); plan and flags: CASE runs only the cases whose name contains it",
+  )
+  p.add_argument(
+    "--te",
+    action="store_true",
+    help="plan --gpu: the cases with Transformer Engine's grouped GEMM, compiled in the environment "
+    "./setup.sh --gpu-compile-te makes",
   )
   p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
   p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")
