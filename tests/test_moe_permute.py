@@ -89,6 +89,37 @@ def test_pack_for_ranks_worked_example():
   np.testing.assert_allclose(send_w, [[0.5, 0.0], [0.3, 0.7], [0.0, 0.5]])
 
 
+def test_compact_ranks_worked_example():
+  rank, dest = permute.compact_ranks(jnp.array([[4, 1, 4, 6], [0, 4, 4, 4]]), num_rows=4, max_ranks=2)
+  assert rank.tolist() == [[1, 0], [0, 1]] and dest.tolist() == [[1, 4], [0, 4]]
+  same = jnp.array([[0, 1], [2, 3]])
+  assert permute.compact_ranks(same, num_rows=4, max_ranks=2)[1] is same  # J = P: unchanged
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_both_ways_through_the_compacted_ranks_equal_the_per_rank_layout(seed):
+  """P = 8 ranks, top-2: each token's rows laid out for its <= 2 destinations send the same buffers and
+  return the same sums as one column per rank, bit for bit."""
+  t, k, p, e_local, n = 16, 2, 8, 2, 40
+  key = jax.random.split(jax.random.key(seed), 3)
+  ids = jax.vmap(lambda kk: jax.random.choice(kk, p * e_local, (k,), replace=False))(jax.random.split(key[0], t))
+  w = jax.random.uniform(key[1], (t, k))
+  x = jax.random.normal(key[2], (t, 3))
+  needs = permute.distinct_ranks(ids, experts_per_rank=e_local, num_ranks=p)
+  slot = jnp.cumsum(needs, axis=0) - 1
+  dest = jnp.where(needs, jnp.arange(p) * (n // p) + slot, n)
+  rank, dest_j = permute.compact_ranks(dest, num_rows=n, max_ranks=k)
+  assert dest_j.shape == (t, k)
+  wide = permute.pack_for_ranks(x, ids, w, dest, num_rows=n, experts_per_rank=e_local)
+  narrow = permute.pack_for_ranks(x, ids, w, dest_j, num_rows=n, experts_per_rank=e_local, rank_TJ=rank)
+  for a, b in zip(wide, narrow, strict=True):
+    np.testing.assert_array_equal(a, b)
+  back = jax.random.normal(key[0], (n, 3))
+  np.testing.assert_array_equal(
+    permute.gather_returned(back, dest, dest < n), permute.gather_returned(back, dest_j, dest_j < n)
+  )
+
+
 def test_empty_rows_are_on_no_local_expert():
   x, ids, w = permute.empty_rows(2, jnp.ones((5, 3)), jnp.ones((5, 4), jnp.int32), jnp.ones((5, 4)), experts_per_rank=6)
   assert x.shape == (2, 3) and not x.any() and ids.tolist() == [[6] * 4] * 2 and not w.any()

@@ -57,26 +57,49 @@ def empty_rows(num_rows: int, x_ND: jax.Array, ids_NK: jax.Array, w_NK: jax.Arra
   )
 
 
-def pack_for_ranks(x_TD, ids_TK, weights_TK, dest_TP, *, num_rows: int, experts_per_rank: int):
-  """The send side of expert parallelism, written once for every EP dispatcher: row dest_TP[t, p] of each
-  `num_rows`-row buffer holds token t for rank p, with its top-k ids as rank p's local expert ids and its
-  weights, both only where the expert lives on p (elsewhere `experts_per_rank` and 0). Entries of dest_TP
-  >= num_rows are not sent. Returns (send_x_ND, send_ids_NK, send_w_NK).
+def compact_ranks(dest_TP: jax.Array, *, num_rows: int, max_ranks: int) -> tuple[jax.Array, jax.Array]:
+  """(rank_TJ, dest_TJ): the J = min(max_ranks, P) ranks each token is sent to, lowest first, and their
+  send rows (`num_rows` where fewer). A token's top-k experts live on at most k ranks, so with
+  max_ranks = k nothing is lost, and the per-(token, rank) buffers of both ways are [T, J, ...], not
+  [T, P, ...]: 8 instead of 64 rows per token at EP=64, top-8. With J = P nothing changes.
+
+  Example: dest_TP = [[4, 1, 4, 6], [0, 4, 4, 4]], num_rows=4, max_ranks=2
+    -> rank_TJ = [[1, 0], [0, 1]], dest_TJ = [[1, 4], [0, 4]] (6 >= 4 is not sent; a column whose row is
+    num_rows is no destination, whatever its rank).
+  """
+  t, p = dest_TP.shape
+  if max_ranks >= p:
+    return jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (t, p)), dest_TP
+  sent_TP = dest_TP < num_rows
+  score_TP = jnp.where(sent_TP, p - jnp.arange(p, dtype=jnp.int32), 0)  # sent ranks first, lowest first
+  _, rank_TJ = jax.lax.top_k(score_TP, max_ranks)
+  dest_TJ = jnp.take_along_axis(jnp.where(sent_TP, dest_TP, num_rows), rank_TJ, axis=1)
+  return rank_TJ.astype(jnp.int32), dest_TJ
+
+
+def pack_for_ranks(x_TD, ids_TK, weights_TK, dest_TJ, *, num_rows: int, experts_per_rank: int, rank_TJ=None):
+  """The send side of expert parallelism, written once for every EP dispatcher: row dest_TJ[t, j] of each
+  `num_rows`-row buffer holds token t for rank rank_TJ[t, j] (default: j, so J = P columns, one per rank),
+  with its top-k ids as that rank's local expert ids and its weights, both only where the expert lives
+  there (elsewhere `experts_per_rank` and 0). Entries of dest_TJ >= num_rows are not sent. Returns
+  (send_x_ND, send_ids_NK, send_w_NK).
 
   Example: x = [[1.], [2.]], ids_TK = [[0, 3], [2, 3]], weights_TK = [[.5, .5], [.3, .7]],
-    experts_per_rank=2 (P=2), dest_TP = [[0, 2], [4, 1]] (token 1 needs no row for rank 0: 4 is out of
+    experts_per_rank=2 (P=2), dest_TJ = [[0, 2], [4, 1]] (token 1 needs no row for rank 0: 4 is out of
     bounds), num_rows=3
     -> send_x = [[1.], [2.], [1.]], send_ids = [[0, 2], [0, 1], [2, 1]], send_w = [[.5, 0], [.3, .7], [0, .5]].
   """
   t, k = ids_TK.shape
-  num_ranks = dest_TP.shape[1]
+  j = dest_TJ.shape[1]
+  if rank_TJ is None:
+    rank_TJ = jnp.broadcast_to(jnp.arange(j), (t, j))
   rank_TK, local_TK = ids_TK // experts_per_rank, ids_TK % experts_per_rank
-  on_rank_TPK = rank_TK[:, None, :] == jnp.arange(num_ranks)[None, :, None]
-  x_TPD = jnp.broadcast_to(x_TD[:, None], (t, num_ranks, x_TD.shape[1]))
-  ids_TPK = jnp.where(on_rank_TPK, local_TK[:, None, :], experts_per_rank).astype(jnp.int32)
-  w_TPK = jnp.where(on_rank_TPK, weights_TK[:, None, :], 0).astype(weights_TK.dtype)
+  on_rank_TJK = rank_TK[:, None, :] == rank_TJ[:, :, None]
+  x_TJD = jnp.broadcast_to(x_TD[:, None], (t, j, x_TD.shape[1]))
+  ids_TJK = jnp.where(on_rank_TJK, local_TK[:, None, :], experts_per_rank).astype(jnp.int32)
+  w_TJK = jnp.where(on_rank_TJK, weights_TK[:, None, :], 0).astype(weights_TK.dtype)
   empty = empty_rows(num_rows, x_TD, ids_TK, weights_TK, experts_per_rank=experts_per_rank)
-  return tuple(buf.at[dest_TP].set(v, mode="drop") for buf, v in zip(empty, (x_TPD, ids_TPK, w_TPK), strict=True))
+  return tuple(buf.at[dest_TJ].set(v, mode="drop") for buf, v in zip(empty, (x_TJD, ids_TJK, w_TJK), strict=True))
 
 
 def sort_received(x_SD: jax.Array, ids_SK: jax.Array, *, experts_per_rank: int):
@@ -105,7 +128,8 @@ def weighted_rows(rows_RD: jax.Array, order_R: jax.Array, weights_SK: jax.Array)
 
 def gather_returned(back_ND: jax.Array, dest_TP: jax.Array, sent_TP: jax.Array) -> jax.Array:
   """The receive side of the way back: token t's output is the sum over ranks p it was sent to of the row
-  that returned to dest_TP[t, p], [T, D].
+  that returned to dest_TP[t, p], [T, D]. The columns may be any of the token's destinations
+  (`compact_ranks`' [T, J]).
 
   Example: back = [[1.], [2.], [4.]], dest_TP = [[0, 2], [3, 1]], sent_TP = [[True, True], [False, True]]
     -> [[5.], [2.]].
