@@ -47,3 +47,28 @@ def test_timemodel_prints_every_published_point_beside_its_prediction(capsys):
   )
   assert all(c["source"] for c in result["constants"].values())
   assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
+
+
+@pytest.mark.extended
+def test_bench_flags_compiles_a_profile_and_reads_its_schedule(capsys):
+  """`bench flags` for one case: the H200 profile's flags are all in the compiled step's report, and its
+  schedule shows what the profile asks for (async collectives, no command buffer: off on Hopper)."""
+  from maxtext_moe.bench import flag_profiles
+  from maxtext_moe.config import flags
+
+  result = flag_profiles.run(out=__import__("sys").stdout, as_json=True, only="h200, its profile")
+  (case,) = result["cases"].values()
+  assert case["xla_flags"] == flags.profile("h200").xla_flags
+  assert case["async_starts"] and case["command_buffers"] == 0
+  assert case["host_syncs_per_step"] == 6  # the rounds' conditional: 3 passes x 2 MoE layers
+  assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
+
+
+def test_bench_flags_and_plan_refuse_an_unknown_case():
+  from maxtext_moe.bench import flag_profiles, plan_accuracy
+  from maxtext_moe.errors import UserError
+
+  with pytest.raises(UserError, match="no bench flags case contains 'nothing'"):
+    flag_profiles.run(out=__import__("sys").stdout, only="nothing")
+  with pytest.raises(UserError, match="no --gpu case contains 'nothing'"):
+    plan_accuracy.run_gpu(out=__import__("sys").stdout, only="nothing")

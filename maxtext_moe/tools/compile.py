@@ -150,7 +150,12 @@ def _load_te() -> bool:
   from maxtext_moe.upstream import te, te_compile  # pylint: disable=import-outside-toplevel
 
   if te_compile.prepared():
-    te_compile.load()
+    try:
+      te_compile.load()
+    except OSError as e:
+      raise UserError(
+        f"{e}: the Transformer Engine compile environment is incomplete; rerun ./setup.sh --gpu-compile-te"
+      ) from e
     te.status.cache_clear()
   return te.status().available
 
