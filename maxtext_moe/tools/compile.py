@@ -99,12 +99,12 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
         "moe_gemm_quantization=mxfp8 needs te_ep's 128-row aligned groups: TE's grouped GEMM is compiled in fp8 "
         "(per-tensor scales) instead"
       )
-  if keys.plugin.offload not in (None, "none"):
+  if keys.plugin.offload in ("optimizer", "optimizer_params", "all"):
     said.append(
       f"offload={keys.plugin.offload}: XLA:GPU's compile-only devices have no host memory space, so JAX 0.12 drops "
       "every pinned_host placement of the state (a NamedSharding's memory_kind becomes None) and the offloaded "
-      "state is counted on the device here; `fits` subtracts the planner's offloaded bytes. Activations "
-      "offloaded by the remat policy do move (host_transfers)"
+      "state is counted on the device here; `fits` subtracts the planner's offloaded state (activations the "
+      "remat policy offloads do move: host_transfers)"
     )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
