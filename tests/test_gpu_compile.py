@@ -282,3 +282,35 @@ def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
   assert (tmp_path / "hlo" / "xla_error.txt").read_text().endswith("%c = ...\n")
   with pytest.raises(ValueError, match="not XLA's"):  # anything else is not hidden
     _compiler_failed(ValueError("not XLA's"), None)
+
+
+TE_PYTHON = REPO / ".venv-te" / "bin" / "python"
+
+
+@pytest.mark.extended
+@pytest.mark.skipif(not TE_PYTHON.is_file(), reason="needs the TE compile environment (./setup.sh --gpu-compile-te)")
+@pytest.mark.parametrize(
+  ("recipe", "quantization"), [("h200x8/deepseek3-proxy-16b", "fp8"), ("b200x8/deepseek3-proxy-16b", "mxfp8")]
+)
+def test_transformer_engines_grouped_gemm_compiles_for_its_gpu(tmp_path, recipe, quantization):
+  """In the TE compile environment: the proxy's step (a dense and two MoE layers) compiles with TE's own
+  grouped GEMM for its GPU's SM, with no conditional of TE's (the rounds' 6 stay), and says what still
+  stands in: TE's NCCL EP (and on Blackwell MXFP8 with it, as FP8), cuDNN attention."""
+  args = ["compile", recipe, "override_model_config=true", "base_num_decoder_layers=3", "first_num_dense_layers=1"]
+  args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024"]
+  args += [f"moe_gemm_quantization={quantization}", "--json"]
+  r = subprocess.run(
+    [str(TE_PYTHON), "-m", "maxtext_moe", *args],
+    cwd=tmp_path,
+    env=_quiet_env(),
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  assert r.returncode == 0, r.stderr[-4000:]
+  report = json.loads(r.stdout.strip().splitlines()[-1])
+  assert report["gemms"].get("te_grouped_gemm", 0) > 0 and "mosaic_gpu" not in report["gemms"], report["gemms"]
+  assert report["host_syncs_per_step"] == 6, report
+  said = " ".join(report["substitutions"])
+  assert "ep_bootstrap" in said and "cudnn_flash_te" in said and "tokamax" not in said
+  assert ("compiled in fp8" in said) == (quantization == "mxfp8")
