@@ -29,8 +29,8 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
-  """The one grouped-GEMM call site, its output tagged with MaxText's remat name (unless
-  `settings.name_outputs` is off: `rules.outputs_recomputed`)."""
+  """The one grouped-GEMM call site, its output tagged with MaxText's remat name unless the dispatch
+  recomputes it whatever the policy says (`rules.outputs_recomputed`: the bounded rounds)."""
   out = grouped_matmul(
     rows_RD,
     w_EDF,
@@ -39,7 +39,9 @@ def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax
     window_sizes_L=settings.window_sizes,
     quantization=settings.quantization,
   )
-  return checkpoint_name(out, name) if settings.name_outputs else out
+  if rules.outputs_recomputed(settings.dispatch, settings.buffers):
+    return out
+  return checkpoint_name(out, name)
 
 
 def expert_mlp(rows_RD, group_sizes_E, w0_EDF, w1_EDF, wo_EFD, *, settings: MoESettings) -> jax.Array:
@@ -88,13 +90,11 @@ def _token_axes(mesh: Mesh, num_tokens: int) -> tuple[str, ...]:
 
 
 def _resolved(settings: MoESettings, *, top_k: int, ep: int) -> MoESettings:
-  """`settings` with `auto` dispatch turned into this platform's choice, the routing's top-k, and the GEMM
-  outputs named unless the dispatch recomputes them (`rules.outputs_recomputed`)."""
+  """`settings` with `auto` dispatch turned into this platform's choice and the routing's top-k."""
   dispatch = rules.resolve_dispatch(
     settings.dispatch, ep=ep, platform=rules.detect_platform(), capacity_factor=settings.capacity_factor
   )
-  named = not rules.outputs_recomputed(dispatch, settings.buffers)
-  return dataclasses.replace(settings, dispatch=dispatch, top_k=top_k, name_outputs=named)
+  return dataclasses.replace(settings, dispatch=dispatch, top_k=top_k)
 
 
 def moe_block(

@@ -78,7 +78,7 @@ def detect_platform() -> Platform:
 
 # MaxText's remat names for the block's three GEMM outputs (`checkpoint_name` tags), so its custom remat
 # policy (and our offload presets) can save or offload them; not under the bounded rounds
-# (`outputs_recomputed`).
+# (`outputs_recomputed`, checked at the block's GEMM call site).
 REMAT_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
 
@@ -99,7 +99,6 @@ class MoESettings:
   # collectives.ragged_all_to_all_reference.
   ragged_exchange: Callable | None = None
   window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
-  name_outputs: bool = True  # tag the GEMM outputs with REMAT_NAMES (the block clears it under the rounds)
 
 
 def _platform(platform: Platform | str) -> Platform:
