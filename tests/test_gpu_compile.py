@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
+from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.config import hardware
 from maxtext_moe.tools import hlo
 from maxtext_moe.tools.compile import plugin_installed
@@ -282,9 +283,6 @@ def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
   assert (tmp_path / "hlo" / "xla_error.txt").read_text().endswith("%c = ...\n")
   with pytest.raises(ValueError, match="not XLA's"):  # anything else is not hidden
     _compiler_failed(ValueError("not XLA's"), None)
-
-
-TE_PYTHON = REPO / ".venv-te" / "bin" / "python"
 
 
 @pytest.mark.extended

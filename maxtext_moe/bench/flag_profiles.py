@@ -29,6 +29,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
   "b200, its profile (blackwell)": ("b200x8/deepseek3-proxy-16b", []),
   "b200, blackwell + CONDITIONAL,COLLECTIVES": ("b200x8/deepseek3-proxy-16b", [CAPTURE_CONDITIONALS]),
 }
+# What each case keeps of `compile --json`'s report.
+KEPT = ("xla_flags", "async_starts", "operation_queues", "command_buffers", "conditionals")
+KEPT += ("conditionals_in_command_buffers", "host_syncs_per_step", "device_bytes", "compile_s")
 
 
 def run(*, out: IO[str], as_json: bool = False, only: str | None = None) -> dict[str, Any]:
@@ -41,18 +44,8 @@ def run(*, out: IO[str], as_json: bool = False, only: str | None = None) -> dict
   cases = {}
   for name in names:
     recipe, overrides = CASES[name]
-    r = gpu_compile(recipe, [*SMALL, *overrides])
-    cases[name] = {
-      "xla_flags": r["xla_flags"],
-      "async_starts": r["async_starts"],
-      "operation_queues": r["operation_queues"],
-      "command_buffers": r["command_buffers"],
-      "conditionals": r["conditionals"],
-      "conditionals_in_command_buffers": r["conditionals_in_command_buffers"],
-      "host_syncs_per_step": r["host_syncs_per_step"],
-      "device_bytes": r["device_bytes"],
-      "compile_s": r["compile_s"],
-    }
+    report = gpu_compile(recipe, [*SMALL, *overrides])
+    cases[name] = {key: report[key] for key in KEPT}
   table = Table(title="What each flag profile changes in the compiled step (XLA:GPU, no GPU; nothing autotuned)")
   cols = ("case", "XLA flags", "async pairs", "op queues", "command buffers", "conditionals (in buffers)")
   for col in (*cols, "host syncs", "GiB per GPU", "compile s"):

@@ -105,7 +105,7 @@ class Estimate:
 
 def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int, dispatch: str) -> tuple[int, int]:
   """(device, host) bytes the remat policy keeps per MoE layer for the backward. The experts' outputs are
-  recomputed under TE's fused block and under the bounded rounds (`outputs_recomputed`), whatever the
+  recomputed under TE's fused block and under the bounded rounds (`experts_recomputed`), whatever the
   policy names."""
   emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
   sizes = {
@@ -119,7 +119,7 @@ def _saved_per_layer(cfg: Any, tokens: int, d_bytes: int, rows: int, dispatch: s
   policy = str(cfg.remat_policy)
   if policy != "custom":  # full, and policies not modelled: the layer input, which every policy keeps
     return tokens * emb * d_bytes, 0
-  if maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers):  # TE: its own residuals
+  if experts_recomputed(cfg, dispatch):
     sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
   device = host = 0
   for name, elems in sizes.items():
@@ -151,6 +151,13 @@ def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
 def maxtext_te_block(cfg: Any) -> bool:
   """Whether the experts run in MaxText's own Transformer Engine MoE block (`te_moe_block`), not ours."""
   return bool(getattr(cfg, "te_moe_block", False)) and str(getattr(cfg.moe_impl, "value", cfg.moe_impl)) == "maxtext"
+
+
+def experts_recomputed(cfg: Any, dispatch: str) -> bool:
+  """Whether the experts' GEMM outputs are recomputed in the backward whatever the remat policy names:
+  in MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes) and in
+  ours under the bounded rounds (`moe.settings.outputs_recomputed`)."""
+  return maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers)
 
 
 def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> tuple[int, int, int, int]:

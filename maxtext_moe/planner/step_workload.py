@@ -31,12 +31,13 @@ import math
 from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
-from maxtext_moe.moe.settings import DispatchKind, outputs_recomputed, received_rows, runs_in_rounds
+from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
 from maxtext_moe.planner.estimate import (
   _moe_rows,
   _saved_per_layer,
   _state_bytes,
   dtype_bytes,
+  experts_recomputed,
   maxtext_te_block,
   mesh_axes_of,
 )
@@ -107,11 +108,10 @@ def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   moe_layers = moe_layers if int(cfg.num_experts) > 1 else 0
   full = str(cfg.remat_policy) == "full"
   # The experts' forward runs again in the backward when the policy keeps none of its own outputs: always
-  # for MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes) and
-  # ours under the bounded rounds (`outputs_recomputed`), and when a custom policy rematerializes every one
-  # of its tensors.
+  # where they are recomputed whatever it names (`experts_recomputed`), and when a custom policy
+  # rematerializes every one of its tensors.
   none_kept = all(value_of(getattr(cfg, n, "remat")) == "remat" for n in _MOE_NAMES)
-  none_kept = none_kept or maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers)
+  none_kept = none_kept or experts_recomputed(cfg, dispatch)
   rerun = str(cfg.remat_policy) == "custom" and moe_layers > 0 and none_kept
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
   return _Step(tokens, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)

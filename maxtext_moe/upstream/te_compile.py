@@ -5,15 +5,15 @@ what it loads.
 TE 2.20.2's JAX side cannot be imported without a CUDA driver, and asks the GPU for its compute capability
 while a step is traced. Both are answered here, for a compile only:
 
-- `load()`: the CUDA driver library is a stub built by the setup (`tools/cuda_stub.c`: the entry points
+- `load()`: the CUDA driver library is a stub built by the setup (`scripts/cuda_stub.c`: the entry points
   cuDNN's and TE's libraries link, each answering "no device"), loaded first so that every later
   `dlopen("libcuda.so.1")` finds it, never the machine's driver. The CUDA 12 libraries of the pip wheels
   (runtime, cuBLAS, cuDNN, NCCL, NVRTC, cuRAND) are loaded from this environment's `nvidia/` packages, and
   TE's search for "system" CUDA is pointed at the same folders (`CUDNN_HOME`, `NVRTC_HOME`,
   `CURAND_HOME`: TE looks there before `/usr/local/cuda`, which may hold another CUDA).
-- `te.for_target(sm)` (in the TE seam): TE's C++ `get_device_compute_capability` answers the target's SM (90 for Hopper,
-  100 for Blackwell) in every TE module that imported it by name, and TE's cached answers are cleared, for
-  as long as the context is open. TE picks its GEMM path and workspace size from it.
+- `te.for_target(sm)` (in the TE seam): TE's C++ `get_device_compute_capability` answers the target's SM
+  (90 for Hopper, 100 for Blackwell) in every TE module that imported it by name, and TE's cached answers
+  are cleared, for as long as the context is open. TE picks its GEMM path and workspace size from it.
 
 TE's NCCL EP cannot be compiled this way: its `ep_bootstrap` creates NCCL communicators (a real device
 and its peers), and TE asks the bootstrapped backend for the handle size while the step is traced
