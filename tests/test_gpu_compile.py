@@ -41,6 +41,56 @@ def test_every_gpu_model_of_the_table_gives_compile_only_devices():
     assert lines[name].startswith(f"2 {gpu.product}"), lines
 
 
+@needs_plugin
+def test_cudnn_attention_is_traced_for_the_target_gpu_and_compiles_to_cudnns_kernels():
+  """What `compile` puts in place of TE's cuDNN attention: JAX's cuDNN attention with MLA's head dims
+  (q/k 192, v 128), which JAX refuses while tracing on a CPU backend (no cuDNN library, or no Hopper among
+  the local devices) and accepts for an H200 inside
+  `cudnn_attention_for_target`; XLA:GPU compiles it, forward and backward, to cuDNN's fused attention
+  custom calls, whose temporaries hold no L x L scores; on the way out JAX's own checks are back."""
+  code = """
+import os; os.environ["JAX_PLATFORMS"] = "cpu"
+import re
+import jax, jax.numpy as jnp, numpy as np
+from jax._src.cudnn import fused_attention_stablehlo as fa
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from maxtext_moe.config import hardware
+from maxtext_moe.upstream.compile import gpu_topology
+from maxtext_moe.upstream.jax_backend import cudnn_attention_for_target
+devices = gpu_topology(hardware.target_config(hardware.GPUS["h200"]), partitions=1, hosts_per_partition=8,
+                       devices_per_host=1)
+mesh = Mesh(np.array(devices).reshape(8), ("data",))
+B, L, N = 8, 4096, 16
+def loss(q, k, v):
+  out = fa.dot_product_attention(q, k, v, mask_type=fa.MaskType.CAUSAL, scale=1.0, qkv_layout="BTNH")
+  return out.astype(jnp.float32).sum()
+shard = NamedSharding(mesh, P("data"))
+qk = jax.ShapeDtypeStruct((B, L, N, 192), jnp.bfloat16, sharding=shard)
+v = jax.ShapeDtypeStruct((B, L, N, 128), jnp.bfloat16, sharding=shard)
+def step():  # a new function each time: JAX caches a traced function's lowering
+  return jax.jit(jax.grad(lambda *a: loss(*a), argnums=(0, 1, 2)))
+def refused():
+  try:
+    step().lower(qk, qk, v)
+  except (NotImplementedError, RuntimeError) as e:  # no cuDNN library here, or MLA on a pre-Hopper "GPU"
+    return "mla requires" in str(e) or "cuDNN not found" in str(e) or "cuDNN is not detected" in str(e)
+  return False
+before = refused()
+with cudnn_attention_for_target((9, 0), hardware.CUDNN):
+  compiled = step().lower(qk, qk, v).compile()
+after = refused()
+targets = sorted(set(re.findall(r'custom_call_target="(__cudnn[^"]+)"', compiled.as_text())))
+print(before, after, ",".join(targets), compiled.memory_analysis().temp_size_in_bytes)
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+  assert r.returncode == 0, r.stderr[-3000:]
+  before, after, targets, temp = r.stdout.strip().splitlines()[-1].split()
+  assert (before, after) == ("True", "True")
+  assert targets == "__cudnn$fmhaSoftmax,__cudnn$fmhaSoftmaxBackward"
+  scores = 16 * 4096 * 4096 * 2  # one GPU's [1, 16, 4096, 4096] bf16 scores, which flash attention never holds
+  assert 0 < int(temp) < scores / 4, temp
+
+
 def test_hlo_reader_counts_per_step_on_a_worked_example():
   """A while loop of 4 known trips holding an all-to-all, a conditional and a scanned activation written to
   and read back from a host buffer (as XLA:GPU offloads one), one host copy and one async all-gather over a
@@ -187,7 +237,8 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   assert report["gemms"].get("mosaic_gpu", 0) > 0 and "triton_gemm" in report["gemms"]
   assert abs(report["rel_error"]) <= 0.10, report
   assert report["peak"]["peak_bytes"] > 0 and (tmp_path / "train_step.after_optimizations.txt").stat().st_size > 0
-  assert any(s.startswith("attention=cudnn_flash_te needs cuDNN") for s in report["substitutions"])
+  assert any(s.startswith("attention=cudnn_flash_te is TE's cuDNN flash") for s in report["substitutions"])
+  assert report["gemms"].get("cudnn_attention", 0) > 0  # cuDNN's fused attention, forward and backward
 
 
 @pytest.mark.ci
@@ -239,12 +290,12 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
         "moe_mlpwi_1=remat",
         "moe_mlpwo=remat",
         "quantization=",
-        "attention=dot_product",
+        "attention=cudnn_flash_jax",
       ],
     ),
     (
       "gb300x128/deepseek3-671b",
-      ["moe_gemm_backend=tokamax", "moe_gemm_quantization=none", "moe_dispatch=all_to_all", "attention=dot_product"],
+      ["moe_gemm_backend=tokamax", "moe_gemm_quantization=none", "moe_dispatch=all_to_all", "attention=cudnn_flash_jax"],
     ),
   ],
 )
@@ -265,7 +316,7 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
     assert with_te == [w.replace("moe_gemm_backend=tokamax", "moe_gemm_backend=te") for w in want]
     assert len(said_te) == 3 and "whose expert parallelism is TE's NCCL EP" in said_te[0], said_te
   else:
-    assert with_te == ["moe_dispatch=all_to_all", "moe_gemm_quantization=fp8", "attention=dot_product"]
+    assert with_te == ["moe_dispatch=all_to_all", "moe_gemm_quantization=fp8", "attention=cudnn_flash_jax"]
     assert len(said_te) == 4 and "ep_bootstrap" in said_te[0] and "in fp8" in said_te[1], said_te
 
 

@@ -99,7 +99,9 @@ GPUS: dict[str, GpuModel] = {
 Hardware = StrEnum("Hardware", {"CPU": "cpu", **{name.upper(): name for name in GPUS}})
 
 CUDA_RUNTIME = (12, 8)  # what jax-cuda12 targets; XLA:GPU reads it from the target config
-CUDNN = (9, 10)
+# cuDNN as XLA's own target spec for the GB300 states it (xla/backends/gpu/target_config/specs/gb300.txtpb):
+# JAX's cuDNN attention needs >= 9.11 on SM 10.3 and >= 9.10 for MLA's unequal head dims.
+CUDNN = (9, 15)
 
 
 def gpu(hardware: "Hardware | str") -> GpuModel | None:

@@ -22,7 +22,6 @@ from maxtext_moe.config import flags, hardware
 from maxtext_moe.errors import EXIT_COMPILER, RunEnded, UserError
 
 PLUGIN = "jax_plugins.xla_cuda12"
-NEEDS_CUDNN = ("cudnn_flash_te", "cudnn_flash_jax")
 
 
 def plugin_installed() -> bool:
@@ -108,10 +107,13 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
-  attention = str(keys.maxtext["attention"])
-  if attention in NEEDS_CUDNN:
-    extra.append("attention=dot_product")
-    said.append(f"attention={attention} needs cuDNN at compile time: compiled with dot_product attention")
+  if str(keys.maxtext["attention"]) == "cudnn_flash_te":
+    extra.append("attention=cudnn_flash_jax")
+    said.append(
+      "attention=cudnn_flash_te is TE's cuDNN flash attention, which asks the driver for its backend and builds "
+      "cuDNN graphs while the step is traced: compiled with cudnn_flash_jax, the same cuDNN fused attention "
+      "through XLA's own custom call (its workspace, which cuDNN sizes on a device, is not counted)"
+    )
   return extra, said
 
 
@@ -202,8 +204,8 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   from maxtext_moe.tools import compile_report  # pylint: disable=import-outside-toplevel
   from maxtext_moe.tools.peak import peak_live_set  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import compile as upstream_compile  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import jax_backend, te  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel
 
   if not plugin_installed():
     raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")
@@ -221,7 +223,10 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   start = time.monotonic()
   major, minor = target.gpu.compute_capability
   try:
-    with te.for_target(major * 10 + minor) if te_available else contextlib.nullcontext():
+    with contextlib.ExitStack() as tracing_for_target:
+      if te_available:
+        tracing_for_target.enter_context(te.for_target(major * 10 + minor))
+      tracing_for_target.enter_context(jax_backend.cudnn_attention_for_target((major, minor), hardware.CUDNN))
       compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
   except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
     _compiler_failed(e, hlo_dir)

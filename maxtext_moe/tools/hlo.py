@@ -179,6 +179,8 @@ def _gemm_kind(ins: Instr) -> str | None:
       return "mosaic_gpu"
     if "triton" in target:
       return "pallas_triton"
+    if "cudnn$fmha" in target:
+      return "cudnn_attention"  # cuDNN's fused (flash) attention, forward or backward
     if "cudnn" in target:
       return "cudnn"
     return None
