@@ -91,6 +91,33 @@ print(before, after, ",".join(targets), compiled.memory_analysis().temp_size_in_
   assert 0 < int(temp) < scores / 4, temp
 
 
+def test_the_peak_live_set_is_the_devices_on_a_worked_example(tmp_path):
+  """XLA's buffer assignment as it writes it for a step with offloaded activations: a host temporary buffer
+  (color 5) beside the device's. The peak is where the device's live values cover the most bytes (values
+  sharing bytes counted once); the host buffer's values, at offsets of their own, are not device memory."""
+  from maxtext_moe.tools.peak import peak_live_set
+
+  (tmp_path / "m.jit_train_step.after_optimizations-buffer-assignment.txt").write_text(
+    "allocation 0: size 4096, color 5, page 0, preallocated-temp:\n"
+    " value: <1 offloaded @5> (size=4096,offset=0): bf16[2,1024]{1,0:S(5)}\n"
+    "allocation 1: size 3000, page 0, preallocated-temp:\n"
+    " value: <2 a @0> (size=1000,offset=0): f32[250]{0}\n"
+    " value: <3 b @0> (size=2000,offset=1000): f32[500]{0}\n"
+    " value: <4 c @0> (size=1000,offset=0): f32[250]{0}\n"
+    " value: <5 t @0> (size=8,offset=1000): (f32[500]{0})\n"
+    "allocation 2: size 64, page 0, parameter 0:\n"
+    " value: <6 p @0> (size=64,offset=0): f32[16]{0}\n"
+  )
+  (tmp_path / "m.jit_train_step.after_optimizations-live-range.txt").write_text(
+    "HloLiveRange (max 9):\n  InstructionSequence:\n    0:p\n  BufferLiveRange:\n"
+    "    offloaded{}:0-9\n    a{}:0-2\n    b{}:2-5\n    c{}:4-6\n    t{}:2-3\n    p{}:0-9\n"
+  )
+  peak = peak_live_set(tmp_path)
+  # At 2 the device holds a (0-1000) and b with its tuple (1000-3000): 3,000 bytes; at 4, b and c also 3,000.
+  assert (peak["peak_bytes"], peak["position"]) == (3000, 2)
+  assert [name for name, _, _ in peak["values"]] == ["b{}", "a{}", "t{}"]
+
+
 def test_hlo_reader_counts_per_step_on_a_worked_example():
   """A while loop of 4 known trips holding an all-to-all, a conditional and a scanned activation written to
   and read back from a host buffer (as XLA:GPU offloads one), one host copy and one async all-gather over a

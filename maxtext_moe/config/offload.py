@@ -25,8 +25,8 @@ class OffloadPreset(StrEnum):
 
 
 # MaxText's custom-remat tensor names that the activation preset moves to the host (each layer's input, the
-# attention output projection, the dense MLP's output, and the MoE block's three GEMM outputs); the rest
-# stay 'remat'.
+# attention output projection, and the MoE block's three GEMM outputs; the MLP's output `mlpwo` is named too,
+# but it only joins the residual stream and no backward keeps it); the rest stay 'remat'.
 OFFLOADED_ACTIVATIONS = ("decoder_layer_input", "out_proj", "mlpwo", *REMAT_NAMES)
 
 

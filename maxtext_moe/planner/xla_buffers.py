@@ -15,7 +15,8 @@ from dataclasses import dataclass
 class Copies:
   """Live copies at the peak, by buffer (`narrow` = the compute dtype, e.g. bf16)."""
 
-  loss_f32_logits: int  # [T, V] float32 in the loss phase
+  loss_f32_logits: int  # [T, V] float32 in the loss phase, for the model's own loss head
+  loss_f32_logits_per_mtp_head: int  # [T, V] float32 in the loss phase, per multi-token-prediction head
   loss_narrow_logits: int  # [T, V] compute dtype in the loss phase (0 when the compute dtype is f32)
   layer_f32_logits: int  # [T, V] float32 still live while a layer's backward runs
   layer_narrow_logits_per_head: int  # [T, V] compute dtype still live then, per loss head (+ MTP's)
@@ -30,15 +31,17 @@ class Copies:
 # XLA:CPU (tiny and proxy steps, 8 fake devices): the softmax cross-entropy keeps 4 float32 logits-sized
 # buffers (logits, softmax, their gradient, the one-hot scatter) plus the narrow logits; 2 of the float32
 # ones are still live in a layer's backward.
-XLA_CPU = Copies(4, 1, 2, 0, 1, 4, 6, 0, 4, 0)
+XLA_CPU = Copies(4, 0, 1, 2, 0, 1, 4, 6, 0, 4, 0)
 
-# XLA:GPU (proxy on 8 H200s): the logits GEMM writes them narrow and the loss fusion keeps one float32
-# buffer; a layer's backward runs with each loss head's logits gradient live (narrow: XLA schedules the
+# XLA:GPU (proxy on 8 H200s): the logits GEMM writes them narrow and the model's loss (MaxText's
+# custom-gradient cross entropy) fuses in them, keeping no float32 [T, V] buffer (Qwen3 and the suite's
+# proxy without MTP have none); each MTP head's loss (MaxText's logsumexp + take_along_axis) keeps one
+# float32 buffer (the DeepSeek-V3 recipes, one MTP layer each); a layer's backward runs with each loss head's logits gradient live (narrow: XLA schedules the
 # output projection's weight gradient after the layers' backward; the proxy's main head and its MTP head
 # make 2, Qwen3 and the suite's proxy without MTP 1), the Mosaic GEMM's padded row buffers
 # (4 [R, D], 8 [R, F]), the all_to_all's receive and return buffers (4 [S, D]), and dot-product
 # attention's 2 score buffers with 2 masks.
-XLA_GPU = Copies(1, 2, 0, 1, 0, 4, 8, 4, 2, 2)
+XLA_GPU = Copies(0, 1, 2, 0, 1, 0, 4, 8, 4, 2, 2)
 
 
 def for_hardware(hardware: str) -> Copies:

@@ -17,14 +17,17 @@ from typing import Any
 _ALLOCATION = re.compile(r"allocation (\d+): size (\d+),(.*)")
 _VALUE = re.compile(r"value: <\d+ ([^ ]+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
 _RANGE = re.compile(r"\s+(\S+\{[^}]*\}):(\d+)-(\d+)")
+_COLOR = re.compile(r"\bcolor [1-9]")  # a memory space other than the device's (0, not written)
 
 
 def _temp_values(buffer_assignment: str) -> list[tuple[str, int, int, str]]:
-  """(value name with its tuple index, size, offset, shape) of the preallocated temporary buffer."""
+  """(value name with its tuple index, size, offset, shape) of the device's preallocated temporary buffer.
+  Host memory (memory space 5: offloaded activations) has a temporary buffer of its own, marked with its
+  color; its offsets are not the device buffer's."""
   out, in_temp = [], False
   for line in buffer_assignment.splitlines():
     if m := _ALLOCATION.match(line):
-      in_temp = "preallocated-temp" in m.group(3)
+      in_temp = "preallocated-temp" in m.group(3) and not _COLOR.search(m.group(3))
       continue
     if in_temp and (m := _VALUE.search(line)):
       name = m.group(1) if "{" in m.group(1) else f"{m.group(1)}{{}}"
