@@ -116,7 +116,7 @@ def test_both_ways_through_the_compacted_ranks_equal_the_per_rank_layout(seed):
     np.testing.assert_array_equal(a, b)
   back = jax.random.normal(key[0], (n, 3))
   np.testing.assert_array_equal(
-    permute.gather_returned(back, dest, dest < n), permute.gather_returned(back, dest_j, dest_j < n)
+    permute.gather_returned(back, dest), permute.gather_returned(back, dest_j)
   )
 
 
@@ -139,8 +139,11 @@ def test_weighted_rows_worked_example():
 
 def test_gather_returned_worked_example():
   back = jnp.array([[1.0], [2.0], [4.0]])
-  got = permute.gather_returned(back, jnp.array([[0, 2], [3, 1]]), jnp.array([[True, True], [False, True]]))
+  got = permute.gather_returned(back, jnp.array([[0, 2], [3, 1]]))
   assert got.tolist() == [[5.0], [2.0]]
+  # Its gradient reaches only the rows that returned: row 3 is past back's rows, so nothing is scattered there.
+  grad = jax.grad(lambda b: permute.gather_returned(b, jnp.array([[0, 2], [3, 1]])).sum())(back)
+  assert grad.tolist() == [[1.0], [1.0], [1.0]]
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -85,7 +85,9 @@ class Exchange:
       back_ND = self._ragged(partial_SD, output, trip.sizes_PP, back=True)
     else:
       back_ND = self.collective(partial_SD, axis_name=self.axis)
-    return permute.gather_returned(back_ND, trip.dest_TJ, trip.dest_TJ < send_rows)
+    # A column not sent holds send_rows, one past back's rows, where the gather reads zeros.
+    assert back_ND.shape[0] == send_rows, (back_ND.shape, send_rows)
+    return permute.gather_returned(back_ND, trip.dest_TJ)
 
   def _ragged(self, operand, output, sizes_PP, *, back: bool) -> jax.Array:
     offsets = collectives.ragged_offsets(sizes_PP, jax.lax.axis_index(self.axis), back=back)
