@@ -322,7 +322,12 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
     ),
     (
       "gb300x128/deepseek3-671b",
-      ["moe_gemm_backend=tokamax", "moe_gemm_quantization=none", "moe_dispatch=all_to_all", "attention=cudnn_flash_jax"],
+      [
+        "moe_gemm_backend=tokamax",
+        "moe_gemm_quantization=none",
+        "moe_dispatch=all_to_all",
+        "attention=cudnn_flash_jax",
+      ],
     ),
   ],
 )

@@ -115,9 +115,7 @@ def test_both_ways_through_the_compacted_ranks_equal_the_per_rank_layout(seed):
   for a, b in zip(wide, narrow, strict=True):
     np.testing.assert_array_equal(a, b)
   back = jax.random.normal(key[0], (n, 3))
-  np.testing.assert_array_equal(
-    permute.gather_returned(back, dest), permute.gather_returned(back, dest_j)
-  )
+  np.testing.assert_array_equal(permute.gather_returned(back, dest), permute.gather_returned(back, dest_j))
 
 
 def test_empty_rows_are_on_no_local_expert():

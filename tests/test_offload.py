@@ -89,7 +89,8 @@ def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offload
   offloaded residual made XLA:GPU's layout assignment fail (host memory from one branch, a device buffer
   from the other): there the block does not name them, so the policy recomputes them and only the layer
   inputs and attention outputs go to the host; the planner counts the same."""
-  from maxtext_moe.planner.estimate import _saved_per_layer
+  from maxtext_moe.planner.estimate import experts_recomputed
+  from maxtext_moe.planner.saved_activations import per_layer
 
   ep = ["ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "moe_dispatch=all_to_all"]
   text = lowered_with(upstream_config, "activations", "cuda", ep)
@@ -98,8 +99,9 @@ def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offload
   named = upstream_config.resolved(TINY, [*SMALL, "offload=activations"])
   rows, d_b = 128, 4
   # The layer input and out_proj; `mlpwo` (named by the preset) only joins the residual stream: no backward keeps it.
-  assert _saved_per_layer(cfg, 32, d_b, rows, "all_to_all")[1] == 2 * 32 * 64 * d_b
-  assert _saved_per_layer(named, 32, d_b, rows, "local")[1] == (2 * 32 * 64 + rows * (2 * 32 + 64)) * d_b
+  assert experts_recomputed(cfg, "all_to_all") and not experts_recomputed(named, "local")
+  assert per_layer(cfg, 32, d_b, rows, recomputed=True)[1] == 2 * 32 * 64 * d_b
+  assert per_layer(named, 32, d_b, rows, recomputed=False)[1] == (2 * 32 * 64 + rows * (2 * 32 + 64)) * d_b
 
 
 def test_cpu_lowering_drops_activation_offload(upstream_config):

@@ -43,7 +43,7 @@ import numpy as np
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
-from maxtext_moe.planner import xla_buffers
+from maxtext_moe.planner import saved_activations, xla_buffers
 
 GIB = 2**30
 
@@ -104,81 +104,6 @@ class Estimate:
     device_ok = self.hbm is None or self.device_total <= self.hbm
     host_ok = self.host_capacity is None or self.host <= self.host_capacity
     return device_ok and host_ok
-
-
-def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict[str, int]:
-  """Elements per layer of each tensor MaxText names for its custom remat policy that the layer's backward
-  needs (so a policy can keep it): the layer input, attention's projections (MLA's low-rank ones too) and
-  output, the MLP's gated inputs (a dense layer's MLP, or a MoE layer's shared experts) and, in a MoE layer,
-  our block's grouped-GEMM outputs. Not `mlpwo`: the MLP's output only joins the residual stream, whose sum
-  is the next layer's input, so no backward keeps it (XLA:GPU's programs hold two [T, D] tensors per layer
-  with `decoder_layer_input`, `out_proj` and `mlpwo` all on the device)."""
-  emb, heads, kv_heads = int(cfg.emb_dim), int(cfg.num_query_heads), int(cfg.num_kv_heads)
-  mla = str(cfg.attention_type) == "mla"
-  if mla:
-    qk = int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim)
-    v, kv_heads = int(cfg.v_head_dim), heads
-  else:
-    qk = v = int(cfg.head_dim)
-  hidden = int(cfg.mlp_dim) if dense else int(getattr(cfg, "shared_experts", 0) or 0) * int(cfg.moe_mlp_dim)
-  sizes = {
-    "decoder_layer_input": tokens * emb,
-    "out_proj": tokens * emb,
-    "context": tokens * heads * v,
-    "query_proj": tokens * heads * qk,
-    "key_proj": tokens * kv_heads * qk,
-    "value_proj": tokens * kv_heads * v,
-    "mlpwi_0": tokens * hidden,
-    "mlpwi_1": tokens * hidden,
-  }
-  if str(cfg.remat_policy) == "custom" and str(getattr(cfg, "context", "remat")) == "remat":
-    sizes["attention_out"] = tokens * heads * v  # the attention op's output under its other name
-  if mla:
-    q_lora, kv_lora = int(cfg.q_lora_rank), int(cfg.kv_lora_rank)
-    if q_lora > 0:
-      sizes |= {"query_wa_proj": tokens * q_lora, "mla_q": tokens * q_lora}
-    sizes |= {"kv_wa_proj": tokens * (kv_lora + int(cfg.qk_rope_head_dim)), "mla_kv": tokens * kv_lora}
-  elif bool(getattr(cfg, "fused_qkv", False)):
-    sizes["qkv_proj"] = tokens * (heads + 2 * kv_heads) * qk
-  if not dense:
-    ffn = int(cfg.moe_mlp_dim)
-    sizes |= {"moe_mlpwi_0": rows * ffn, "moe_mlpwi_1": rows * ffn, "moe_mlpwo": rows * emb}
-  return sizes
-
-
-def _saved_per_layer(
-  cfg: Any, tokens: int, d_bytes: int, rows: int, dispatch: str, *, dense: bool = False
-) -> tuple[int, int]:
-  """(device, host) bytes the remat policy keeps per layer (MoE, or `dense`) for the backward: under
-  `custom`, each named tensor (`_named_activations`) where the config puts it. The experts' outputs are
-  recomputed under TE's fused block and under the bounded rounds (`experts_recomputed`), whatever the
-  policy names."""
-  if str(cfg.remat_policy) != "custom":  # full, and policies not modelled: the layer input, which all keep
-    return tokens * int(cfg.emb_dim) * d_bytes, 0
-  sizes = _named_activations(cfg, tokens, rows, dense=dense)
-  if experts_recomputed(cfg, dispatch):
-    sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
-  device = host = 0
-  for name, elems in sizes.items():
-    where = getattr(cfg, name, "remat")
-    where = str(getattr(where, "value", where))  # MaxText's RematLocation: its str() is its name
-    if name == "decoder_layer_input" and where == "remat":
-      where = "device"  # the scan carry is kept regardless
-    if where == "device":
-      device += elems * d_bytes
-    elif where == "offload":
-      host += elems * d_bytes
-  return device, host
-
-
-def _layer_counts(cfg: Any) -> tuple[int, int]:
-  """(dense layers, MoE layers) of the model, each multi-token-prediction layer a MoE one."""
-  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  layers = int(cfg.num_decoder_layers)
-  if int(cfg.num_experts) <= 1:
-    return layers + mtp, 0
-  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if str(cfg.decoder_block) == "deepseek" else 0
-  return dense, layers - dense + mtp
 
 
 def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
@@ -272,18 +197,13 @@ def estimate(
   layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * heads * narrow)
   layer_phase += moe_dispatch + attention
 
-  dense_layers, moe_layers = _layer_counts(cfg)
-  moe_saved = _saved_per_layer(cfg, tokens, d_b, rows, dispatch)
-  dense_saved = _saved_per_layer(cfg, tokens, d_b, rows, dispatch, dense=True)
-  saved_dev = moe_saved[0] * moe_layers + dense_saved[0] * dense_layers
-  saved_host = moe_saved[1] * moe_layers + dense_saved[1] * dense_layers
+  saved, saved_host = saved_activations.total(cfg, tokens, d_b, rows, recomputed=experts_recomputed(cfg, dispatch))
   host = host_state = 0
   if cfg.optimizer_memory_host_offload:
     host_state, optimizer = host_state + optimizer, 0
   if cfg.parameter_memory_host_offload:
     host_state, params = host_state + params, 0
   host = saved_host + host_state
-  saved = saved_dev
   return Estimate(
     params=params,
     optimizer=optimizer,

@@ -20,7 +20,7 @@
   backward, and again in the recomputed forward under `full`; rows per GPU: te_ep and MaxText's TE block
   send a token once per destination rank (`step_time.unique_ranks`), all_to_all its padded receive
   buffer (`moe.settings.received_rows`).
-- Host offload: what the remat policy offloads (the planner's `_saved_per_layer`), out in the forward and
+- Host offload: what the remat policy offloads (the planner's `saved_activations`), out in the forward and
   back in the backward, and offloaded optimizer state and parameters, in for the update and back out,
   over the host link.
 - Host syncs: our bounded rounds' conditional per MoE layer and pass (`docs/gpu-path.md`), none for te_ep.
@@ -32,9 +32,9 @@ from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
 from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
+from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import (
   _moe_rows,
-  _saved_per_layer,
   _state_bytes,
   dtype_bytes,
   experts_recomputed,
@@ -103,9 +103,8 @@ class _Step:
 
 def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   tokens = int(float(cfg.per_device_batch_size) * int(cfg.max_target_length)) * int(cfg.gradient_accumulation_steps)
-  layers = int(cfg.num_decoder_layers) + int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  moe_layers = layers - (int(cfg.first_num_dense_layers) if value_of(cfg.decoder_block) == "deepseek" else 0)
-  moe_layers = moe_layers if int(cfg.num_experts) > 1 else 0
+  dense_layers, moe_layers = saved_activations.layer_counts(cfg)
+  layers = dense_layers + moe_layers
   full = str(cfg.remat_policy) == "full"
   # The experts' forward runs again in the backward when the policy keeps none of its own outputs: always
   # where they are recomputed whatever it names (`experts_recomputed`), and when a custom policy
@@ -183,10 +182,10 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
   out = []
   ep = math.prod(step.sides.get("expert", (1, 1)))
   buffer_rows, _ = _moe_rows(cfg, step.tokens, ep, kind) if step.moe_layers else (0, 0)
-  _, host_per_layer = _saved_per_layer(cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows, kind)
-  if host_per_layer:
-    nbytes, n = 2 * host_per_layer * step.moe_layers, 2 * step.moe_layers
-    out.append(Transfer("host offload copies", "host", nbytes, 1, 1, True, n))
+  recomputed = experts_recomputed(cfg, kind)
+  _, host = saved_activations.total(cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows, recomputed=recomputed)
+  if host:  # out in the forward and back in the backward, a copy per layer each way
+    out.append(Transfer("host offload copies", "host", 2 * host, 1, 1, True, 2 * step.layers))
   params_b, opt_b, _, _ = _state_bytes(cfg, leaves, step.rules, {a: i * d for a, (i, d) in step.sides.items()})
   on_host = (opt_b + params_b if cfg.optimizer_memory_host_offload else 0) + (
     params_b if cfg.parameter_memory_host_offload else 0

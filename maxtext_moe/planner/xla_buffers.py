@@ -36,11 +36,12 @@ XLA_CPU = Copies(4, 0, 1, 2, 0, 1, 4, 6, 0, 4, 0)
 # XLA:GPU (proxy on 8 H200s): the logits GEMM writes them narrow and the model's loss (MaxText's
 # custom-gradient cross entropy) fuses in them, keeping no float32 [T, V] buffer (Qwen3 and the suite's
 # proxy without MTP have none); each MTP head's loss (MaxText's logsumexp + take_along_axis) keeps one
-# float32 buffer (the DeepSeek-V3 recipes, one MTP layer each); a layer's backward runs with each loss head's logits gradient live (narrow: XLA schedules the
-# output projection's weight gradient after the layers' backward; the proxy's main head and its MTP head
-# make 2, Qwen3 and the suite's proxy without MTP 1), the Mosaic GEMM's padded row buffers
-# (4 [R, D], 8 [R, F]), the all_to_all's receive and return buffers (4 [S, D]), and dot-product
-# attention's 2 score buffers with 2 masks.
+# float32 buffer (the DeepSeek-V3 recipes, one MTP layer each). A layer's backward runs with each loss
+# head's logits gradient live (narrow: XLA schedules the output projection's weight gradient after the
+# layers' backward; the proxy's main head and its MTP head make 2, Qwen3 and the suite's proxy without
+# MTP 1), the Mosaic GEMM's padded row buffers (4 [R, D], 8 [R, F]) and the all_to_all's receive and
+# return buffers (4 [S, D]); the GPU recipes' attention is cuDNN's flash attention (`estimate`'s flash
+# term); MaxText's dot-product attention, where a user picks it, keeps 2 score buffers with 2 masks.
 XLA_GPU = Copies(0, 1, 2, 0, 1, 0, 4, 8, 4, 2, 2)
 
 
