@@ -5,6 +5,11 @@ each tensor MaxText names that a layer's backward needs, where the config puts i
 from typing import Any
 
 
+def value_of(x: Any) -> str:
+  """A config value as YAML spells it (MaxText's str-mixin enums print their class name)."""
+  return str(getattr(x, "value", x) or "")
+
+
 def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict[str, int]:
   """Elements per layer of each tensor MaxText names for its custom remat policy that the layer's backward
   needs (so a policy can keep it): the layer input, attention's projections (MLA's low-rank ones too) and
@@ -13,7 +18,7 @@ def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict
   is the next layer's input, so no backward keeps it (XLA:GPU's programs hold two [T, D] tensors per layer
   with `decoder_layer_input`, `out_proj` and `mlpwo` all on the device)."""
   emb, heads, kv_heads = int(cfg.emb_dim), int(cfg.num_query_heads), int(cfg.num_kv_heads)
-  mla = str(cfg.attention_type) == "mla"
+  mla = value_of(cfg.attention_type) == "mla"
   if mla:
     qk = int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim)
     v, kv_heads = int(cfg.v_head_dim), heads
@@ -30,7 +35,7 @@ def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict
     "mlpwi_0": tokens * hidden,
     "mlpwi_1": tokens * hidden,
   }
-  if str(cfg.remat_policy) == "custom" and str(getattr(cfg, "context", "remat")) == "remat":
+  if value_of(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "context", "remat")) == "remat":
     sizes["attention_out"] = tokens * heads * v  # the attention op's output under its other name
   if mla:
     q_lora, kv_lora = int(cfg.q_lora_rank), int(cfg.kv_lora_rank)
@@ -52,15 +57,14 @@ def per_layer(
   `custom`, each named tensor (`_named_activations`) where the config puts it. The experts' outputs are
   `recomputed` under TE's fused block and under the bounded rounds (`estimate.experts_recomputed`),
   whatever the policy names."""
-  if str(cfg.remat_policy) != "custom":  # full, and policies not modelled: the layer input, which all keep
+  if value_of(cfg.remat_policy) != "custom":  # full, and policies not modelled: the layer input, which all keep
     return tokens * int(cfg.emb_dim) * d_bytes, 0
   sizes = _named_activations(cfg, tokens, rows, dense=dense)
   if recomputed:
     sizes = {k: v for k, v in sizes.items() if not k.startswith("moe_")}
   device = host = 0
   for name, elems in sizes.items():
-    where = getattr(cfg, name, "remat")
-    where = str(getattr(where, "value", where))  # MaxText's RematLocation: its str() is its name
+    where = value_of(getattr(cfg, name, "remat"))  # MaxText's RematLocation
     if name == "decoder_layer_input" and where == "remat":
       where = "device"  # the scan carry is kept regardless
     if where == "device":
@@ -76,7 +80,7 @@ def layer_counts(cfg: Any) -> tuple[int, int]:
   layers = int(cfg.num_decoder_layers)
   if int(cfg.num_experts) <= 1:
     return layers + mtp, 0
-  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if str(cfg.decoder_block) == "deepseek" else 0
+  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if value_of(cfg.decoder_block) == "deepseek" else 0
   return dense, layers - dense + mtp
 
 

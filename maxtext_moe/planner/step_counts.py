@@ -4,6 +4,7 @@ policy recomputes) and the memory-bound ops' bytes (`step_workload` multiplies t
 from typing import Any
 
 from maxtext_moe.planner.estimate import dtype_bytes
+from maxtext_moe.planner.saved_activations import value_of
 
 _REMAT_NAMES = (
   "query_proj",
@@ -20,11 +21,6 @@ _REMAT_NAMES = (
   "moe_mlpwi_1",
   "moe_mlpwo",
 )
-
-
-def value_of(x: Any) -> str:
-  """A config value as YAML spells it (MaxText's str-mixin enums print their class name)."""
-  return str(getattr(x, "value", x) or "")
 
 
 def _per_token_forward_flops(cfg: Any) -> dict[str, float]:
