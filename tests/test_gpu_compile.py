@@ -45,9 +45,9 @@ def test_every_gpu_model_of_the_table_gives_compile_only_devices():
 def test_cudnn_attention_is_traced_for_the_target_gpu_and_compiles_to_cudnns_kernels():
   """What `compile` puts in place of TE's cuDNN attention: JAX's cuDNN attention with MLA's head dims
   (q/k 192, v 128), which JAX refuses while tracing on a CPU backend (no cuDNN library, or no Hopper among
-  the local devices) and accepts for an H200 inside
-  `cudnn_attention_for_target`; XLA:GPU compiles it, forward and backward, to cuDNN's fused attention
-  custom calls, whose temporaries hold no L x L scores; on the way out JAX's own checks are back."""
+  the local devices) and accepts for an H200 inside `cudnn_attention_for_target`; XLA:GPU compiles it,
+  forward and backward, to cuDNN's fused attention custom calls, whose temporaries hold no L x L scores;
+  on the way out JAX's own checks are back."""
   code = """
 import os; os.environ["JAX_PLATFORMS"] = "cpu"
 import re

@@ -122,7 +122,7 @@ def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
 
 def maxtext_te_block(cfg: Any) -> bool:
   """Whether the experts run in MaxText's own Transformer Engine MoE block (`te_moe_block`), not ours."""
-  return bool(getattr(cfg, "te_moe_block", False)) and str(getattr(cfg.moe_impl, "value", cfg.moe_impl)) == "maxtext"
+  return bool(getattr(cfg, "te_moe_block", False)) and saved_activations.value_of(cfg.moe_impl) == "maxtext"
 
 
 def experts_recomputed(cfg: Any, dispatch: str) -> bool:

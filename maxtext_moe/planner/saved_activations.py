@@ -35,7 +35,7 @@ def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict
     "mlpwi_0": tokens * hidden,
     "mlpwi_1": tokens * hidden,
   }
-  if value_of(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "context", "remat")) == "remat":
+  if value_of(getattr(cfg, "context", "remat")) == "remat":
     sizes["attention_out"] = tokens * heads * v  # the attention op's output under its other name
   if mla:
     q_lora, kv_lora = int(cfg.q_lora_rank), int(cfg.kv_lora_rank)
