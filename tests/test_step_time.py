@@ -85,7 +85,7 @@ def test_the_flop_classes_add_up_to_maxtexts_count_and_the_experts_to_the_hand_c
 def test_the_fsdp_gathers_cover_every_weight_twice_per_step():
   """FSDP=8 alone: every sharded parameter is gathered (forward, backward) whole, in the compute dtype; the
   replicated ones (norm scales) are not."""
-  from maxtext_moe.planner.estimate import mesh_axes_of
+  from maxtext_moe.planner.shards import mesh_axes_of
 
   cfg, w = _workload("h200x8/deepseek3-proxy-16b", ["ici_expert_parallelism=1", "ici_fsdp_parallelism=8"])
   ctx = _context("h200x8/deepseek3-proxy-16b")

@@ -153,7 +153,7 @@ def _layouts(devices: int) -> list[tuple[str, list[str]]]:
   base = [f"recipe_num_devices={devices}", f"num_slices={racks}"]
   moe_remat = ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"]
   out = []
-  for ep in (8, 16, 32, 64):
+  for ep in (4, 8, 16, 32, 64):
     for dcn in across:
       for pdbs in (2, 4, 6):
         for remat_name, remat in (("custom, experts recomputed", moe_remat), ("full", ["remat_policy=full"])):

@@ -109,15 +109,18 @@ def gpu(hardware: "Hardware | str") -> GpuModel | None:
   return GPUS.get(str(hardware))
 
 
-def target_config(model: GpuModel) -> str:
+def target_config(model: GpuModel, *, memory_bytes: int | None = None) -> str:
   """XLA:GPU's GpuTargetConfigProto for `model`, in text form: what a compile for that GPU needs when no
-  such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`)."""
+  such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`). Its device
+  memory is `memory_bytes` when given: on a GPU, JAX compiles with the device memory its allocator may use
+  (XLA_PYTHON_CLIENT_MEM_FRACTION of it), and XLA:GPU's scheduler spends memory on overlap up to a share of
+  that (docs/design-facts.md)."""
   major, minor = model.compute_capability
   info = {
     "core_count": model.sm_count,
     "memory_bandwidth": int(model.hbm_bandwidth),
     "l2_cache_size": model.l2_bytes,
-    "device_memory_size": model.hbm_bytes,
+    "device_memory_size": model.hbm_bytes if memory_bytes is None else memory_bytes,
     **SM_LIMITS,
     **model.limits,
   }

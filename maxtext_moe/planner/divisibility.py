@@ -13,7 +13,7 @@ from typing import Any
 
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
-from maxtext_moe.planner.estimate import mesh_axes_of
+from maxtext_moe.planner.shards import mesh_axes_of
 
 
 @dataclass(frozen=True)

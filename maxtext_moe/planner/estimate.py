@@ -20,9 +20,14 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
                           logits-sized buffers
                  layer    the backward of one MoE layer while some logits-sized buffers are still live:
-                            MoE: R routed rows x D and x F, S received rows x D
+                            MoE: R routed rows x D and x F at the experts' largest moment, S received
+                              rows x D
                             + attention: B x H x L x L scores (and masks) for dot-product attention; for
                               flash, 4 x T x H x (qk + v head dims)
+                            + one layer's weights as computed with (`layer_weights`: gathered over FSDP,
+                              each device's experts): the experts' matrices with their weight gradients,
+                              the other weights of a MoE and a dense layer
+                            + T x D residual-stream temporaries
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
                  with moe_buffers=bounded (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
@@ -30,20 +35,21 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                  (te_moe_block) ragged_buffer_factor x T x K (it stops when the buffer overflows)
 
 `maxtext-moe bench plan` checks the whole estimate against XLA:CPU's compiled `memory_analysis()`, and
-`bench plan --gpu` against XLA:GPU's for every GPU model we ship.
+`bench plan --gpu` against XLA:GPU's for every GPU model we ship. XLA:GPU's scheduler spends memory it
+has to spare on overlap (docs/design-facts.md): the counts are what it keeps at the recipe's flags.
 """
 
 import dataclasses
 import math
 from typing import Any
 
-import flax.linen as nn
 import numpy as np
 
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
-from maxtext_moe.planner import saved_activations, xla_buffers
+from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
+from maxtext_moe.planner.shards import mesh_axes_of, shard_elements
 
 GIB = 2**30
 
@@ -56,24 +62,6 @@ def dtype_bytes(dtype: Any) -> int:
   if name not in _DTYPE_BYTES:
     raise UserError(f"the planner does not know dtype '{name}'; use one of {', '.join(_DTYPE_BYTES)}")
   return _DTYPE_BYTES[name]
-
-
-def mesh_axes_of(names: tuple, rules: list) -> list[tuple[str, ...]]:
-  """Mesh axes each dim of an array with logical `names` is sharded over, by flax's rule resolution (what
-  MaxText's shardings use): rules in priority order, each mesh axis used at most once per array."""
-  return [
-    () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    for axes in nn.logical_to_mesh_axes(names, rules)
-  ]
-
-
-def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
-  """Elements of one device's shard of a parameter: each dim divided by the sizes of the mesh axes its
-  logical name resolves to (rounded up; a layout that does not divide is refused by `divisibility.check`)."""
-  total = 1
-  for dim, axes in zip(shape, mesh_axes_of(names, rules), strict=True):
-    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
-  return total
 
 
 @dataclasses.dataclass
@@ -90,6 +78,8 @@ class Estimate:
   moe_rows: int
   moe_dispatch: int
   attention: int
+  layer_weights: int  # a layer's backward: its weights gathered, the experts' weight gradients
+  layer_activations: int  # a layer's backward: residual-stream temporaries
   host: int
   device_total: int
   hbm: int | None
@@ -149,6 +139,25 @@ def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> 
   return param_elems * w_b, param_elems * mu_b * opt_slots, param_elems * g_b, scan_copy
 
 
+def _moe_dispatch_bytes(cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies) -> int:
+  """The MoE block's buffers in its backward: the routed rows at the experts' largest moment (by D and by F),
+  the exchange's receive buffers."""
+  emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
+  narrow = max(by_d * emb + by_f * ffn for by_d, by_f in copies.rows_narrow) * d_b
+  return rows * (emb * copies.rows_f32_by_d * 4 + narrow) + received * emb * copies.received_narrow_by_d * d_b
+
+
+def _layer_weights_bytes(
+  cfg: Any, leaves: list, rules: list, sizes: dict[str, int], d_b: int, copies: xla_buffers.Copies
+) -> int:
+  """One layer's weights in its backward (`layer_weights`): the experts' matrices (gathered, transposed and
+  their weight gradients when stored split over FSDP), the other weights of a layer of each kind, gathered."""
+  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
+  narrow, f32 = copies.experts_gathered if one.experts_sharded else (copies.experts_local, 0)
+  experts = one.experts * (narrow * d_b + f32 * 4)
+  return experts + copies.layer_weight_copies * (one.moe_other + one.dense) * d_b
+
+
 def _attention_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -> int:
   """The attention backward's buffers: L x L scores for dot-product attention, q/k/v/out for flash."""
   seq, heads = int(cfg.max_target_length), int(cfg.num_query_heads)
@@ -185,17 +194,18 @@ def estimate(
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   copies = xla_buffers.for_hardware(cfg.hardware)
   rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
-  emb, ffn, vocab = int(cfg.emb_dim), int(cfg.moe_mlp_dim), int(cfg.vocab_size)
-  per_row = emb * (copies.rows_f32_by_d * 4 + copies.rows_narrow_by_d * d_b) + ffn * copies.rows_narrow_by_f * d_b
-  moe_dispatch = rows * per_row + received * emb * copies.received_narrow_by_d * d_b
+  emb, vocab = int(cfg.emb_dim), int(cfg.vocab_size)
+  moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies)
   attention = _attention_bytes(cfg, tokens, d_b, copies)
+  weights = _layer_weights_bytes(cfg, leaves, rules, sizes, d_b, copies)
+  activations = copies.layer_narrow_by_d * tokens * emb * d_b
   narrow = d_b if d_b < 4 else 0
   mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
   f32_logits = copies.loss_f32_logits + copies.loss_f32_logits_per_mtp_head * mtp
   logits_phase = tokens * vocab * (f32_logits * 4 + copies.loss_narrow_logits * narrow)
   heads = 1 + mtp  # loss heads: the model's and each multi-token-prediction layer's
   layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * heads * narrow)
-  layer_phase += moe_dispatch + attention
+  layer_phase += moe_dispatch + attention + weights + activations
 
   saved, saved_host = saved_activations.total(cfg, tokens, d_b, rows, recomputed=experts_recomputed(cfg, dispatch))
   host = host_state = 0
@@ -215,6 +225,8 @@ def estimate(
     moe_rows=rows,
     moe_dispatch=moe_dispatch,
     attention=attention,
+    layer_weights=weights,
+    layer_activations=activations,
     host=host,
     device_total=params + optimizer + grads + scan_copy + saved + max(logits_phase, layer_phase),
     hbm=None if hbm_gib is None else int(hbm_gib * GIB),

@@ -66,6 +66,8 @@ class MemoryPlan:
       f"  {'loss phase: logits and their gradient':<44}{_gib(e.logits_phase):>10}",
       f"  {'layer phase: MoE dispatch buffers':<44}{_gib(e.moe_dispatch):>10}",
       f"  {'layer phase: attention':<44}{_gib(e.attention):>10}",
+      f"  {'layer phase: layer weights and gradients':<44}{_gib(e.layer_weights):>10}",
+      f"  {'layer phase: residual-stream temporaries':<44}{_gib(e.layer_activations):>10}",
       f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
       f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
       f"  {'host memory (offloaded)':<44}{_gib(e.host):>10}",

@@ -39,12 +39,11 @@ from maxtext_moe.planner.estimate import (
   dtype_bytes,
   experts_recomputed,
   maxtext_te_block,
-  mesh_axes_of,
 )
+from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.step_counts import memory_bytes_per_token, recompute_tflops, value_of
 from maxtext_moe.planner.step_time import Transfer, Workload, unique_ranks
 
-KEPT_AXES = ("tensor", "tensor_transpose", "tensor_sequence", "autoregressive", "stage")
 _MOE_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
 
@@ -78,7 +77,7 @@ def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[i
     for name, axes in zip(names, mesh_axes_of(names, rules), strict=True):
       for axis in axes:
         ici, dcn = sides.get(axis, (1, 1))
-        if axis in KEPT_AXES or (axis == "expert" and name and "exp" in str(name)):
+        if stays_split(axis, name):
           kept *= ici * dcn
         else:
           gathered *= ici * dcn

@@ -5,7 +5,7 @@ peak.json; `tools/peak.py`), for XLA:CPU on the tiny and 16B-proxy steps and for
 (H200 x 8) and the other GPU recipes of `bench plan --gpu`. The two compilers fuse the loss and lay out the
 MoE block's buffers differently, so a GPU recipe is planned with XLA:GPU's counts and a CPU one with
 XLA:CPU's. Shape names: T tokens per device, V vocab, D model dim, F expert hidden dim, R routed rows,
-S received rows, P expert-parallel ranks, B x H x L x L attention scores.
+S received rows, P expert-parallel ranks, B x H x L x L attention scores, E_l experts per device.
 """
 
 from dataclasses import dataclass
@@ -21,9 +21,14 @@ class Copies:
   layer_f32_logits: int  # [T, V] float32 still live while a layer's backward runs
   layer_narrow_logits_per_head: int  # [T, V] compute dtype still live then, per loss head (+ MTP's)
   rows_f32_by_d: int  # [R, D] float32 in the MoE block's backward
-  rows_narrow_by_d: int  # [R, D] compute dtype
-  rows_narrow_by_f: int  # [R, F] compute dtype
+  rows_narrow: tuple[tuple[int, int], ...]  # ([R, D], [R, F]) compute dtype at each moment of the experts'
+  # backward; the planner takes the largest
   received_narrow_by_d: int  # [S, D] compute dtype: the exchange's receive (and return) buffers
+  layer_narrow_by_d: int  # [T, D] compute dtype: the residual stream's temporaries in a layer's backward
+  experts_gathered: tuple[int, int]  # (compute dtype, float32) copies of one MoE layer's expert matrices
+  # (`layer_weights`) when they are stored split over FSDP-style axes
+  experts_local: int  # compute-dtype copies of them when each device stores its experts whole
+  layer_weight_copies: int  # compute-dtype copies of one MoE and one dense layer's other weights, gathered
   scores_narrow: int  # [B, H, L, L] compute dtype: dot-product attention's scores and their gradient
   scores_mask: int  # [B, H, L, L] bool: the causal and segment masks
 
@@ -31,18 +36,61 @@ class Copies:
 # XLA:CPU (tiny and proxy steps, 8 fake devices): the softmax cross-entropy keeps 4 float32 logits-sized
 # buffers (logits, softmax, their gradient, the one-hot scatter) plus the narrow logits; 2 of the float32
 # ones are still live in a layer's backward.
-XLA_CPU = Copies(4, 0, 1, 2, 0, 1, 4, 6, 0, 4, 0)
+XLA_CPU = Copies(
+  loss_f32_logits=4,
+  loss_f32_logits_per_mtp_head=0,
+  loss_narrow_logits=1,
+  layer_f32_logits=2,
+  layer_narrow_logits_per_head=0,
+  rows_f32_by_d=1,
+  rows_narrow=((4, 6),),
+  received_narrow_by_d=0,
+  layer_narrow_by_d=0,
+  experts_gathered=(0, 0),
+  experts_local=0,
+  layer_weight_copies=0,
+  scores_narrow=4,
+  scores_mask=0,
+)
 
-# XLA:GPU (proxy on 8 H200s): the logits GEMM writes them narrow and the model's loss (MaxText's
-# custom-gradient cross entropy) fuses in them, keeping no float32 [T, V] buffer (Qwen3 and the suite's
-# proxy without MTP have none); each MTP head's loss (MaxText's logsumexp + take_along_axis) keeps one
-# float32 buffer (the DeepSeek-V3 recipes, one MTP layer each). A layer's backward runs with each loss
-# head's logits gradient live (narrow: XLA schedules the output projection's weight gradient after the
-# layers' backward; the proxy's main head and its MTP head make 2, Qwen3 and the suite's proxy without
-# MTP 1), the Mosaic GEMM's padded row buffers (4 [R, D], 8 [R, F]) and the all_to_all's receive and
-# return buffers (4 [S, D]); the GPU recipes' attention is cuDNN's flash attention (`estimate`'s flash
-# term); MaxText's dot-product attention, where a user picks it, keeps 2 score buffers with 2 masks.
-XLA_GPU = Copies(0, 1, 2, 0, 1, 0, 4, 8, 4, 2, 2)
+# XLA:GPU (read off the live sets at the peak of every `bench plan --gpu` recipe, at the recipe's flags): the
+# logits GEMM writes them narrow and the model's loss (MaxText's custom-gradient cross entropy) fuses in
+# them, keeping no float32 [T, V] buffer (Qwen3 and the suite's proxy without MTP have none); each MTP
+# head's loss (MaxText's logsumexp + take_along_axis) keeps one float32 buffer (the DeepSeek-V3 recipes, one
+# MTP layer each). A layer's backward runs with each loss head's logits gradient live (narrow: XLA schedules
+# the output projection's weight gradient after the layers' backward; the proxy's main head and its MTP
+# head make 2, Qwen3 and the suite's proxy without MTP 1), and with:
+# - the experts' backward: at the data-gradient GEMMs 6 [R, D] (the rows in, the gradient in, the two
+#   partial input gradients of wi_0 and wi_1, the transposed rows and gradient for the weight gradients)
+#   and 5 [R, F]; at the weight gradients 4 [R, D] and 9 [R, F] (gb300x1024, D much larger than F, peaks at
+#   the first; the 16B proxy and Qwen3 at the second); and the all_to_all's receive and return buffers (4
+#   [S, D]);
+# - one MoE layer's expert matrices: stored split over FSDP (gb200, gb300), 3 compute-dtype copies (gathered,
+#   transposed for the data gradient, the weight gradient cast for its bf16 reduce-scatter) and 1 float32
+#   (the weight gradient before it); stored whole (EP over all the devices), about 1 (4 matrices of the 3);
+# - the other weights gathered for 2 layers of each kind (a MoE layer's attention, router and shared
+#   experts, a dense layer's attention and MLP: the pipelined all-gathers fetch the next layer's while this
+#   one runs; 3.1 GiB at gb300x1024 where this gives 3.0);
+# - 12 [T, D] residual-stream temporaries (the layer's norms, sums and their gradients: 13 on the 16B proxy
+#   and gb300x1024, 18 on gb200, 8 on Mixtral, 4 on Qwen3).
+# The GPU recipes' attention is cuDNN's flash attention (`estimate`'s flash term); MaxText's dot-product
+# attention, where a user picks it, keeps 2 score buffers with 2 masks.
+XLA_GPU = Copies(
+  loss_f32_logits=0,
+  loss_f32_logits_per_mtp_head=1,
+  loss_narrow_logits=2,
+  layer_f32_logits=0,
+  layer_narrow_logits_per_head=1,
+  rows_f32_by_d=0,
+  rows_narrow=((6, 5), (4, 9)),
+  received_narrow_by_d=4,
+  layer_narrow_by_d=12,
+  experts_gathered=(3, 1),
+  experts_local=1,
+  layer_weight_copies=2,
+  scores_narrow=2,
+  scores_mask=2,
+)
 
 
 def for_hardware(hardware: str) -> Copies:

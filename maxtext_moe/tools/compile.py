@@ -216,8 +216,13 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   recipe, cfg = _resolve(name, overrides, target, extra, hlo_dir / "xla" if hlo_dir else None)
   # The planner's figures first: they also refuse, in one line, a layout that does not divide a parameter.
   planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
+  # The device memory XLA compiles for is the allocator's share of it, as JAX passes it on a GPU.
+  memory = compile_report.usable_bytes(target.gpu, recipe)
   devices = upstream_compile.gpu_topology(
-    hardware.target_config(target.gpu), partitions=1, hosts_per_partition=target.devices, devices_per_host=1
+    hardware.target_config(target.gpu, memory_bytes=memory),
+    partitions=1,
+    hosts_per_partition=target.devices,
+    devices_per_host=1,
   )
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
   start = time.monotonic()

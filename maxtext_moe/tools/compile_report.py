@@ -15,8 +15,11 @@ NOTE = (
 )
 
 
-def _mem_fraction(recipe: Any) -> float:
-  return float(recipe.flags.env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75))
+def usable_bytes(gpu: Any, recipe: Any) -> int:
+  """The device memory JAX's allocator may use on one of the recipe's GPUs: its flag profile's
+  XLA_PYTHON_CLIENT_MEM_FRACTION (JAX's default 0.75) of the GPU's memory. JAX also compiles with this as the
+  device's memory size (jaxlib's PyClient hands XLA its allocator's limit)."""
+  return int(gpu.hbm_bytes * float(recipe.flags.env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75)))
 
 
 def build(cfg: Any, compiled: Any, *, target: Any, recipe: Any, substitutions: list[str], compile_s: float) -> dict:
@@ -26,7 +29,7 @@ def build(cfg: Any, compiled: Any, *, target: Any, recipe: Any, substitutions: l
   mem = memory(compiled)
   device = mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
   host = mem["host_argument_bytes"] + mem["host_output_bytes"] - mem["host_alias_bytes"] + mem["host_temp_bytes"]
-  usable = int(target.gpu.hbm_bytes * _mem_fraction(recipe))
+  usable = usable_bytes(target.gpu, recipe)
   program = hlo.report(compiled.as_text(), num_devices=target.devices)
   transfers = program["host_transfers"]
   return {

@@ -1,0 +1,35 @@
+"""How a parameter is split over the mesh: the mesh axes of each dimension (MaxText's logical axis rules,
+resolved as flax resolves them), a device's shard, and the axes a weight stays split over while a layer
+computes with it (the others, FSDP-style, are gathered first)."""
+
+import math
+
+import flax.linen as nn
+
+# Mesh axes a weight stays split over while a layer computes with it; `expert` too on the experts' own
+# dimension (each device computes its own experts). The others (data, fsdp, fsdp_transpose, sequence,
+# context, and expert on any other dimension) are gathered before the layer runs.
+KEPT_AXES = frozenset({"tensor", "tensor_transpose", "tensor_sequence", "autoregressive", "stage"})
+
+
+def mesh_axes_of(names: tuple, rules: list) -> list[tuple[str, ...]]:
+  """Mesh axes each dim of an array with logical `names` is sharded over, by flax's rule resolution (what
+  MaxText's shardings use): rules in priority order, each mesh axis used at most once per array."""
+  return [
+    () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    for axes in nn.logical_to_mesh_axes(names, rules)
+  ]
+
+
+def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
+  """Elements of one device's shard of a parameter: each dim divided by the sizes of the mesh axes its
+  logical name resolves to (rounded up; a layout that does not divide is refused by `divisibility.check`)."""
+  total = 1
+  for dim, axes in zip(shape, mesh_axes_of(names, rules), strict=True):
+    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
+  return total
+
+
+def stays_split(axis: str, name: str | None) -> bool:
+  """Whether a weight dimension with logical `name` stays split over mesh `axis` while a layer computes."""
+  return axis in KEPT_AXES or (axis == "expert" and name == "exp")
