@@ -139,6 +139,17 @@ def _state_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int]) -> 
   return param_elems * w_b, param_elems * mu_b * opt_slots, param_elems * g_b, scan_copy
 
 
+def _logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -> tuple[int, int]:
+  """(the loss phase's logits-sized buffers, those still live in a layer's backward): per loss head, the
+  model's and each multi-token-prediction layer's."""
+  vocab, narrow = int(cfg.vocab_size), d_b if d_b < 4 else 0
+  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  f32_logits = copies.loss_f32_logits + copies.loss_f32_logits_per_mtp_head * mtp
+  loss = tokens * vocab * (f32_logits * 4 + copies.loss_narrow_logits * narrow)
+  layer = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * (1 + mtp) * narrow)
+  return loss, layer
+
+
 def _moe_dispatch_bytes(cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies) -> int:
   """The MoE block's buffers in its backward: the routed rows at the experts' largest moment (by D and by F),
   the exchange's receive buffers."""
@@ -194,18 +205,12 @@ def estimate(
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   copies = xla_buffers.for_hardware(cfg.hardware)
   rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
-  emb, vocab = int(cfg.emb_dim), int(cfg.vocab_size)
   moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies)
   attention = _attention_bytes(cfg, tokens, d_b, copies)
   weights = _layer_weights_bytes(cfg, leaves, rules, sizes, d_b, copies)
-  activations = copies.layer_narrow_by_d * tokens * emb * d_b
-  narrow = d_b if d_b < 4 else 0
-  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  f32_logits = copies.loss_f32_logits + copies.loss_f32_logits_per_mtp_head * mtp
-  logits_phase = tokens * vocab * (f32_logits * 4 + copies.loss_narrow_logits * narrow)
-  heads = 1 + mtp  # loss heads: the model's and each multi-token-prediction layer's
-  layer_phase = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * heads * narrow)
-  layer_phase += moe_dispatch + attention + weights + activations
+  activations = copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b
+  logits_phase, layer_logits = _logits_bytes(cfg, tokens, d_b, copies)
+  layer_phase = layer_logits + moe_dispatch + attention + weights + activations
 
   saved, saved_host = saved_activations.total(cfg, tokens, d_b, rows, recomputed=experts_recomputed(cfg, dispatch))
   host = host_state = 0
