@@ -64,6 +64,14 @@ def test_one_layers_weights_are_counted_as_a_device_computes_with_them():
     [(("params", "w"), (32, 4096, 14336), ("layers", "embed", "mlp"))], rules, sizes, moe_model=False
   )
   assert dense == layer_weights.LayerWeights(experts=0, experts_sharded=False, moe_other=0, dense=4096 * 14336)
+  # Mixtral's stack is `layers`, split over pipeline stages: a stage holds whole layers, nothing gathered.
+  staged = layer_weights.of(
+    [(("params", "wi_0"), (32, 8, 4096, 14336), ("layers", "exp", "embed_moe", "mlp_moe"))],
+    [*rules, ("layers", ("stage",))],
+    {"stage": 2, "expert": 8, "fsdp": 1},
+    moe_model=True,
+  )
+  assert staged == layer_weights.LayerWeights(experts=4096 * 14336, experts_sharded=False, moe_other=0, dense=0)
 
 
 def test_mesh_sizes_fill_the_auto_axis_like_maxtext(upstream_config):

@@ -16,7 +16,7 @@ Example (DeepSeek-V3 671B, EP=64 x FSDP=8): an expert matrix wi_0 [256, 58, 7168
 import math
 from dataclasses import dataclass
 
-from maxtext_moe.planner.shards import mesh_axes_of, shard_elements, stays_split
+from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 
 # Logical names of a scanned layer stack's dimension: which kind of layer it holds (None: the model's kind).
 _STACKS = {"moe_layers": "moe", "dense_layers": "dense", "layers": None}
@@ -32,13 +32,16 @@ class LayerWeights:
   dense: int  # one dense layer's weights (a model without experts: every layer)
 
 
-def _computed_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int], *, stack: str) -> int:
-  """Elements of one layer's slice of a stacked weight on one device, its FSDP-style axes gathered."""
+def _layer_elements(
+  shape: tuple, names: tuple, rules: list, sizes: dict[str, int], *, stack: str, gathered: bool
+) -> int:
+  """Elements of one layer's slice of a stacked weight on one device: as stored, or `gathered` (its
+  FSDP-style axes gathered away, as a layer computes with it)."""
   total = 1
   for dim, name, axes in zip(shape, names, mesh_axes_of(names, rules), strict=True):
-    if name == stack:
-      continue
-    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes if stays_split(a, name)))
+    if name != stack:
+      split = [a for a in axes if not gathered or stays_split(a, name)]
+      total *= -(-dim // math.prod(sizes.get(a, 1) for a in split))
   return total
 
 
@@ -52,10 +55,10 @@ def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool) -> 
     if path[0] != "params" or stack is None:
       continue
     kind = _STACKS[stack] or ("moe" if moe_model else "dense")
-    computed = _computed_elements(shape, names, rules, sizes, stack=stack)
+    computed = _layer_elements(shape, names, rules, sizes, stack=stack, gathered=True)
     if kind == "moe" and "exp" in names:
       experts += computed
-      sharded |= shard_elements(shape, names, rules, sizes) < computed * shape[names.index(stack)]
+      sharded |= _layer_elements(shape, names, rules, sizes, stack=stack, gathered=False) < computed
     elif kind == "moe":
       moe_other += computed
     else:
