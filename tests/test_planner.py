@@ -141,8 +141,9 @@ def _gpu_recipes() -> list:
 def test_every_gpu_recipe_fits_by_the_planner(recipe):
   """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64, mixtral on H100 and our
   gb300x128 at EP=8). NVIDIA's published run is kept as published, and NVIDIA ran it: the planner, which
-  counts MaxText's TE block with our block's buffers, puts it within 2% of the usable memory (over it since
-  the layer terms of December 2026), so it is held to that instead."""
+  counts MaxText's TE block with our block's buffers and what XLA keeps with memory to spare, puts it 1.6%
+  over the usable memory, where its compiled stand-in takes 231.4 GiB of 243.4 (XLA's scheduler keeps to
+  the budget JAX gives it); it is held to within 2% instead."""
   result = memory_plan(recipe, [])
   if recipe.endswith("-nvidia"):  # MaxText's TE block: its receive buffer at ragged_buffer_factor x the balance
     assert result.base.moe_rows == 2 * 6 * 4096 * 8
