@@ -13,10 +13,9 @@ Example (DeepSeek-V3 671B, EP=64 x FSDP=8): an expert matrix wi_0 [256, 58, 7168
 [4, 7168, 2048] per layer: `experts` counts 3 such matrices, and `experts_sharded` is true.
 """
 
-import math
 from dataclasses import dataclass
 
-from maxtext_moe.planner.shards import mesh_axes_of, stays_split
+from maxtext_moe.planner.shards import shard_elements
 
 # Logical names of a scanned layer stack's dimension: which kind of layer it holds (None: the model's kind).
 _STACKS = {"moe_layers": "moe", "dense_layers": "dense", "layers": None}
@@ -32,19 +31,6 @@ class LayerWeights:
   dense: int  # one dense layer's weights (a model without experts: every layer)
 
 
-def _layer_elements(
-  shape: tuple, names: tuple, rules: list, sizes: dict[str, int], *, stack: str, gathered: bool
-) -> int:
-  """Elements of one layer's slice of a stacked weight on one device: as stored, or `gathered` (its
-  FSDP-style axes gathered away, as a layer computes with it)."""
-  total = 1
-  for dim, name, axes in zip(shape, names, mesh_axes_of(names, rules), strict=True):
-    if name != stack:
-      split = [a for a in axes if not gathered or stays_split(a, name)]
-      total *= -(-dim // math.prod(sizes.get(a, 1) for a in split))
-  return total
-
-
 def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool) -> LayerWeights:
   """One layer's weights of each kind, from the parameter leaves ((path, shape, logical names)), the logical
   axis rules and the mesh axis sizes. Layers that are not scanned (no stack dimension) count nothing."""
@@ -55,10 +41,10 @@ def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool) -> 
     if path[0] != "params" or stack is None:
       continue
     kind = _STACKS[stack] or ("moe" if moe_model else "dense")
-    computed = _layer_elements(shape, names, rules, sizes, stack=stack, gathered=True)
+    computed = shard_elements(shape, names, rules, sizes, gathered=True, skip=stack)
     if kind == "moe" and "exp" in names:
       experts += computed
-      sharded |= _layer_elements(shape, names, rules, sizes, stack=stack, gathered=False) < computed
+      sharded |= shard_elements(shape, names, rules, sizes, skip=stack) < computed
     elif kind == "moe":
       moe_other += computed
     else:

@@ -21,12 +21,18 @@ def mesh_axes_of(names: tuple, rules: list) -> list[tuple[str, ...]]:
   ]
 
 
-def shard_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, int]) -> int:
+def shard_elements(
+  shape: tuple, names: tuple, rules: list, sizes: dict[str, int], *, gathered: bool = False, skip: str | None = None
+) -> int:
   """Elements of one device's shard of a parameter: each dim divided by the sizes of the mesh axes its
-  logical name resolves to (rounded up; a layout that does not divide is refused by `divisibility.check`)."""
+  logical name resolves to (rounded up; a layout that does not divide is refused by `divisibility.check`).
+  `gathered`: only by the axes it stays split over while a layer computes (`stays_split`); `skip`: the
+  dimension of that logical name left out (one layer's slice of a scanned stack)."""
   total = 1
-  for dim, axes in zip(shape, mesh_axes_of(names, rules), strict=True):
-    total *= -(-dim // math.prod(sizes.get(a, 1) for a in axes))
+  for dim, name, axes in zip(shape, names, mesh_axes_of(names, rules), strict=True):
+    if skip is None or name != skip:
+      split = [a for a in axes if not gathered or stays_split(a, name)]
+      total *= -(-dim // math.prod(sizes.get(a, 1) for a in split))
   return total
 
 
