@@ -217,9 +217,9 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   # The planner's figures first: they also refuse, in one line, a layout that does not divide a parameter.
   planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   # The device memory XLA compiles for is the allocator's share of it, as JAX passes it on a GPU.
-  memory = compile_report.usable_bytes(target.gpu, recipe)
+  usable = compile_report.usable_bytes(target.gpu, recipe)
   devices = upstream_compile.gpu_topology(
-    hardware.target_config(target.gpu, memory_bytes=memory),
+    hardware.target_config(target.gpu, memory_bytes=usable),
     partitions=1,
     hosts_per_partition=target.devices,
     devices_per_host=1,
@@ -236,7 +236,9 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
     _compiler_failed(e, hlo_dir)
   seconds = time.monotonic() - start
-  report = compile_report.build(cfg, compiled, target=target, recipe=recipe, substitutions=said, compile_s=seconds)
+  report = compile_report.build(
+    cfg, compiled, target=target, recipe=recipe, usable=usable, substitutions=said, compile_s=seconds
+  )
   report["planner"] = planned
   compile_report.compare(report)
   if hlo_dir is not None:

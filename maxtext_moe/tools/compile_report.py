@@ -22,14 +22,15 @@ def usable_bytes(gpu: Any, recipe: Any) -> int:
   return int(gpu.hbm_bytes * float(recipe.flags.env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75)))
 
 
-def build(cfg: Any, compiled: Any, *, target: Any, recipe: Any, substitutions: list[str], compile_s: float) -> dict:
+def build(
+  cfg: Any, compiled: Any, *, target: Any, recipe: Any, usable: int, substitutions: list[str], compile_s: float
+) -> dict:
   """The report of one compiled step (`compiled`: jax.stages.Compiled for `target`'s devices)."""
   from maxtext_moe.upstream.compile import memory  # pylint: disable=import-outside-toplevel
 
   mem = memory(compiled)
   device = mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
   host = mem["host_argument_bytes"] + mem["host_output_bytes"] - mem["host_alias_bytes"] + mem["host_temp_bytes"]
-  usable = usable_bytes(target.gpu, recipe)
   program = hlo.report(compiled.as_text(), num_devices=target.devices)
   transfers = program["host_transfers"]
   return {
