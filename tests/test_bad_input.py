@@ -129,8 +129,8 @@ CASES = [
   ("bench_te_here", ["bench", "moe", "--backends", "te"], "bench moe --backends te needs Transformer Engine on a GPU"),
   (
     "k8s_wrong_nodes",
-    ["k8s", H200, "--nodes", "3", "--image", "x"],
-    "the recipe lays out 8 GPUs but 3 nodes x 8 GPUs = 24",
+    ["k8s", "gb200-nvl72/deepseek3-671b", "--nodes", "20", "--image", "x"],
+    "20 nodes x 4 GPUs = 80 GPUs is not a whole number of NVLink domains of 64 GPUs; use --nodes 16 or 32",
   ),
   ("k8s_bad_name", ["k8s", H200, "--nodes", "1", "--image", "x", "--name", "Bad_Name"], "--name 'Bad_Name'"),
   # distributed

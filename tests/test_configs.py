@@ -1,9 +1,12 @@
 """Every shipped YAML parses and resolves; recipes are consistent with their model files."""
 
+import math
+
 import pytest
 import yaml
 
 from conftest import CONFIGS
+from maxtext_moe.config import hardware as hw
 from maxtext_moe.config import recipes
 
 ALL_RECIPES = recipes.list_recipes()
@@ -33,10 +36,14 @@ def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
-    from maxtext_moe.config.layout import fixed_layout_size
+    from maxtext_moe.config.layout import fixed_layout_size, mesh_sizes
 
-    size, has_auto = fixed_layout_size(cfg)
-    assert (size, has_auto) == (cfg.recipe_num_devices, False), "GPU recipes spell out their whole layout"
+    ici, ici_auto = fixed_layout_size(cfg, prefix="ici_")
+    assert (ici * cfg.num_slices, ici_auto) == (cfg.recipe_num_devices, False), "GPU recipes lay out each domain"
+    assert cfg.recipe_num_devices == cfg.nodes * hw.GPUS[str(cfg.recipe_hardware)].gpus_per_node
+    dcn = [d for d in cfg.dcn_parallelism if d != 1]
+    assert dcn.count(-1) == 1, "a GPU recipe says which DCN axis takes the nodes beyond its own"
+    assert math.prod(mesh_sizes(cfg, cfg.recipe_num_devices).values()) == cfg.recipe_num_devices
 
 
 CONFIG_FILES = sorted(p for p in CONFIGS.rglob("*.yml") if "flags" not in p.relative_to(CONFIGS).parts)

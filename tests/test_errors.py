@@ -47,13 +47,20 @@ def test_misspelled_recipe_suggests_the_closest():
 
 def test_device_count_must_match_the_recipe(upstream_config):
   cfg = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
-  with pytest.raises(UserError, match="recipe lays out 8 devices but 1 are visible"):
+  with pytest.raises(UserError, match="recipe lays out 1 node\\(s\\), 8 devices but 1 are visible"):
     check_visible_devices(cfg, visible=1)
   check_visible_devices(cfg, visible=8)
   with pytest.raises(
-    UserError, match="recipe lays out 8 devices but 4 are visible to 4 processes; start one process per GPU"
+    UserError, match="lays out 1 node\\(s\\), 8 devices but 4 are visible to 4 processes; start one process per GPU"
   ):
     check_visible_devices(cfg, visible=4, processes=4)
+  with pytest.raises(
+    UserError, match="16 are visible to 16 processes; the job has 2 node\\(s\\) of 8 GPUs: pass --nodes 2"
+  ):
+    check_visible_devices(cfg, visible=16, processes=16)
+  two = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), ["nodes=2"])
+  assert (two.recipe_num_devices, two.num_slices, two.dcn_data_parallelism) == (16, 2, -1)
+  check_visible_devices(two, visible=16, processes=16)
 
 
 def test_ragged_dispatch_is_refused_on_cpu(upstream_config):

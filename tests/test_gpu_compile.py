@@ -187,13 +187,11 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
   """Our divisibility check against JAX's own: the 671B's train state, with MaxText's shardings on 72 (then
   64) compile-only GB200s, lowered as the train step takes it. At 72 JAX raises IndivisibleError and `plan`
   refuses in one line with the layout that divides; at 64 (the recipe) both build."""
-  plan = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "recipe_num_devices=72", "ici_fsdp_parallelism=9"], cwd=REPO)
+  plan = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "--nodes", "18", "ici_fsdp_parallelism=9"], cwd=REPO)
   assert plan.returncode == 2, plan.stderr[-2000:]
   line = plan.stderr.strip().splitlines()[-1]
   assert "dimension 0 (7168) does not split 72 ways over mesh axes ('fsdp', 'expert')" in line, line
-  assert (
-    "the nearest layout that divides: ici_expert_parallelism=8 ici_fsdp_parallelism=8 recipe_num_devices=64" in line
-  )
+  assert "the nearest layout that divides: ici_expert_parallelism=8 ici_fsdp_parallelism=8 nodes=16" in line
   code = (
     "import os, sys; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
     "from maxtext_moe.tools import compile as c\n"
@@ -203,7 +201,7 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
     "from maxtext.trainers.pre_train import train_compile\n"
     "from maxtext.utils import maxtext_utils\n"
     "n, fsdp = int(sys.argv[1]), sys.argv[2]\n"
-    "r = recipe.read('gb200-nvl72/deepseek3-671b', [f'recipe_num_devices={n}', f'ici_fsdp_parallelism={fsdp}',\n"
+    "r = recipe.read('gb200-nvl72/deepseek3-671b', [f'nodes={n // 4}', f'ici_fsdp_parallelism={fsdp}',\n"
     "  'skip_jax_distributed_system=true', 'internal_compile=true', f'internal_compile_num_devices={n}'])\n"
     "cfg = config.hyperparameters(r.resolve())\n"
     "target = hardware.target_config(hardware.GPUS['gb200'])\n"

@@ -1,14 +1,23 @@
-"""`maxtext-moe k8s`: the manifests for 1 and 16 nodes, both kinds, validated against Kubernetes' own
-schemas (kubernetes-validate; the JobSet's Job template as a Job, JobSet being a CRD it has no schema for)."""
+"""`maxtext-moe k8s`: the manifests for 1 and 16 nodes, both kinds, and GB200 racks, validated against
+Kubernetes' own schemas (kubernetes-validate; the JobSet's Job template as a Job, JobSet being a CRD it has
+no schema for) and NVIDIA's ComputeDomain CRD schema (its published v1beta1 spec, tests/fixtures)."""
 
 import copy
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from conftest import REPO, run_cli
-from maxtext_moe.cluster import k8s
+from maxtext_moe.cluster import k8s, supervisor
 from maxtext_moe.errors import UserError
 
 K8S_VERSION = "1.33.0"
@@ -17,6 +26,12 @@ ENV = {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true", "NCCL_NVLS
 
 def _request(nodes: int, kind: str) -> k8s.Request:
   return k8s.Request("dsv3", "h200x8/deepseek3-proxy-16b", ["steps=10"], nodes, "reg/maxtext-moe:0.1.0", kind)
+
+
+def _rack_request(nodes: int, kind: str, **change) -> k8s.Request:
+  """GB200: 4 GPUs per node, an NVLink domain of 16 nodes (the recipe's 64-GPU layout)."""
+  base = k8s.Request("dsv3", "gb200-nvl72/deepseek3-671b", [], nodes, "reg/maxtext-moe:0.1.0", kind, 4)
+  return k8s.Request(**(base.__dict__ | {"nodes_per_domain": 16} | change))
 
 
 def _validate(doc: dict) -> None:
@@ -39,7 +54,10 @@ def _check_pod(pod: dict, nodes: int, coordinator: str) -> None:
     "--",
     "train",
     "h200x8/deepseek3-proxy-16b",
+    "--nodes",
+    str(nodes),
     "steps=10",
+    "run_name=dsv3",  # pinned: every start of the pods continues the same run
     "base_output_directory=/checkpoints",
   ]
   env = {e["name"]: e["value"] for e in container["env"]}
@@ -54,7 +72,7 @@ def _check_pod(pod: dict, nodes: int, coordinator: str) -> None:
 
 @pytest.mark.parametrize("nodes", [1, 16])
 def test_jobset(nodes):
-  (jobset,) = k8s.manifests(_request(nodes, "jobset"), ENV, "h200", nodes * 8)
+  (jobset,) = k8s.manifests(_request(nodes, "jobset"), ENV)
   assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["kind"] == "JobSet"
   assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 3}
   (replicated,) = jobset["spec"]["replicatedJobs"]
@@ -68,7 +86,7 @@ def test_jobset(nodes):
 
 @pytest.mark.parametrize("nodes", [1, 16])
 def test_indexed_job_and_headless_service(nodes):
-  service, job = k8s.manifests(_request(nodes, "job"), ENV, "h200", nodes * 8)
+  service, job = k8s.manifests(_request(nodes, "job"), ENV)
   _validate(service)
   _validate(job)
   assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"job-name": "dsv3"}
@@ -79,31 +97,90 @@ def test_indexed_job_and_headless_service(nodes):
 
 def test_a_schema_violation_is_caught():
   """The validation has teeth: a Job whose completions is text fails it."""
-  _, job = k8s.manifests(_request(2, "job"), ENV, "h200", 16)
+  _, job = k8s.manifests(_request(2, "job"), ENV)
   job["spec"]["completions"] = "two"
   with pytest.raises(kubernetes_validate.ValidationError):
     _validate(job)
 
 
 @pytest.mark.parametrize(
-  ("change", "hardware", "devices", "expected"),
+  ("change", "expected"),
   [
-    ({"nodes": 3}, "h200", 16, "the recipe lays out 16 GPUs but 3 nodes x 8 GPUs = 24; use --nodes 2"),
-    ({"name": "Deep_Seek"}, "h200", 16, "--name 'Deep_Seek': use at most 40 lowercase letters"),
-    ({}, "cpu", 16, "recipe hardware cpu has no GPUs per node I know: pass --gpus-per-node"),
+    ({"name": "Deep_Seek"}, "--name 'Deep_Seek': use at most 40 lowercase letters"),
+    ({"nodes": 0}, "--nodes must be >= 1, got 0"),
+    ({"rdma_resource": "ib"}, "--rdma-resource 'ib': give the NICs' resource name and count per pod, e.g. rdma/ib=4"),
+    ({"kind": "pod"}, "--kind must be jobset or job, got 'pod'"),
   ],
 )
-def test_bad_requests_are_one_line(change, hardware, devices, expected):
+def test_bad_requests_are_one_line(change, expected):
   req = _request(2, "jobset")
   req = k8s.Request(**(req.__dict__ | change))
   with pytest.raises(UserError, match=expected):
-    k8s.manifests(req, ENV, hardware, devices)
+    k8s.manifests(req, ENV)
+
+
+COMPUTE_DOMAIN_SCHEMA = json.loads((REPO / "tests" / "fixtures" / "computedomain-v1beta1.schema.json").read_text())
+
+
+@pytest.mark.parametrize("racks", [1, 4])
+def test_gb200_racks_claim_a_compute_domain_and_keep_each_domain_in_one_rack(racks):
+  """4 NVL72 racks of 16 trays (the recipe's 64-GPU domain): a ComputeDomain whose IMEX channel each pod
+  claims, one Job per rack placed exclusively on one value of the clique label, RDMA NICs by the given
+  name, and each pod's node rank from its Job's index (the downward API) x 16 + its completion index."""
+  req = _rack_request(16 * racks, "jobset", rdma_resource="rdma/ib=4")
+  domain, jobset = k8s.manifests(req, ENV)
+  jsonschema.validate(domain, COMPUTE_DOMAIN_SCHEMA)
+  assert domain["kind"] == "ComputeDomain" and domain["apiVersion"] == "resource.nvidia.com/v1beta1"
+  template = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+  assert jobset["metadata"]["annotations"] == {"alpha.jobset.sigs.k8s.io/exclusive-topology": "nvidia.com/gpu.clique"}
+  (replicated,) = jobset["spec"]["replicatedJobs"]
+  assert replicated["replicas"] == racks and replicated["template"]["spec"]["completions"] == 16
+  spec = replicated["template"]["spec"]
+  _validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dsv3"}, "spec": copy.deepcopy(spec)})
+  pod = _pod(spec)
+  assert pod["resourceClaims"] == [{"name": "imex-channel", "resourceClaimTemplateName": template}]
+  (container,) = pod["containers"]
+  assert container["resources"] == {
+    "limits": {"nvidia.com/gpu": 4, "rdma/ib": 4},
+    "claims": [{"name": "imex-channel"}],
+  }
+  env = {e["name"]: e for e in container["env"]}
+  assert env["MAXTEXT_MOE_NNODES"]["value"] == str(16 * racks)
+  assert env["MAXTEXT_MOE_GROUP_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+    "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+  )
+  # What launch makes of that environment in the last pod of the last rack: node rank 16 x racks - 1.
+  pod_env = {k: e["value"] for k, e in env.items() if "value" in e}
+  pod_env |= {"MAXTEXT_MOE_GROUP_INDEX": str(racks - 1), "JOB_COMPLETION_INDEX": "15"}
+  plan = supervisor.plan(pod_env, nproc_per_node=4)
+  assert (plan.nnodes, plan.node_rank) == (16 * racks, 16 * racks - 1)
+  assert plan.coordinator == "dsv3-workers-0-0.dsv3:6123"
+
+
+def test_gb200_one_rack_as_an_indexed_job_uses_pod_affinity_and_more_racks_are_refused():
+  domain, service, job = k8s.manifests(_rack_request(16, "job", topology_key="example.com/rack"), ENV)
+  jsonschema.validate(domain, COMPUTE_DOMAIN_SCHEMA)
+  _validate(service)
+  _validate(job)
+  (term,) = _pod(job["spec"])["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+  assert term == {"labelSelector": {"matchLabels": {"maxtext-moe/job": "dsv3"}}, "topologyKey": "example.com/rack"}
+  with pytest.raises(UserError, match="32 nodes are 2 domains of 16: use --kind jobset"):
+    k8s.manifests(_rack_request(32, "job"), ENV)
+  (jobset,) = k8s.manifests(_rack_request(16, "jobset", compute_domain=False), ENV)
+  assert "resourceClaims" not in _pod(jobset["spec"]["replicatedJobs"][0]["template"]["spec"])
+
+
+def test_the_compute_domain_schema_has_teeth():
+  (domain, _) = k8s.manifests(_rack_request(16, "jobset"), ENV)
+  del domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+  with pytest.raises(jsonschema.ValidationError):
+    jsonschema.validate(domain, COMPUTE_DOMAIN_SCHEMA)
 
 
 @pytest.mark.ci
 def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   args = ["k8s", "h200x8/deepseek3-proxy-16b", "--nodes", "16", "--image", "reg/x:1", "--kind", "job"]
-  r = run_cli([*args, "recipe_num_devices=128", "num_slices=16", "dcn_fsdp_parallelism=16"], cwd=REPO)
+  r = run_cli(args, cwd=REPO)
   assert r.returncode == 0, r.stderr[-2000:]
   docs = list(yaml.safe_load_all(r.stdout))  # stdout is nothing but the YAML documents
   assert [d["kind"] for d in docs] == ["Service", "Job"]
@@ -112,5 +189,48 @@ def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   env = {e["name"]: e["value"] for e in _pod(docs[1]["spec"])["containers"][0]["env"]}
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in env["XLA_FLAGS"].split()
   assert "xla_dump" not in env["XLA_FLAGS"] and "xla_force_host_platform" not in env["XLA_FLAGS"]
+  assert docs[1]["spec"]["completions"] == 16 and env["MAXTEXT_MOE_NNODES"] == "16"
   r = run_cli([*args, "learning_rat=1"], cwd=tmp_path)
   assert r.returncode == 2 and "unknown config key 'learning_rat'" in r.stderr and r.stdout == ""
+  r = run_cli(["k8s", "gb200-nvl72/deepseek3-671b", "--nodes", "20", "--image", "reg/x:1"], cwd=tmp_path)
+  assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+  assert r.stderr.strip().endswith("use --nodes 16 or 32"), r.stderr
+
+
+def _pod_command(docs: list[dict]) -> list[str]:
+  return _pod(docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"])["containers"][0]["command"]
+
+
+@pytest.mark.ci
+def test_the_same_manifest_run_twice_continues_the_run(tmp_path):
+  """A JobSet restart (or the manifest applied again) reruns the pods' command as it is. Here that command,
+  from `maxtext-moe k8s` for a 1-node job, is run on this machine with what only a GPU node has swapped for
+  the CPU's (the recipe for the tiny model, 1 process, /checkpoints for a local folder): the first start is
+  stopped by SIGTERM after its first checkpoint, the second, the same command, continues from it."""
+  args = ["k8s", "h200x8/deepseek3-proxy-16b", "--nodes", "1", "--image", "reg/x:1", "--name", "fine-tune"]
+  r = run_cli([*args, "steps=6", "checkpoint_period=2"], cwd=REPO)
+  assert r.returncode == 0, r.stderr[-2000:]
+  command = _pod_command(list(yaml.safe_load_all(r.stdout)))
+  assert "run_name=fine-tune" in command and command[-1] == "base_output_directory=/checkpoints"
+  cpu = ["cpu/deepseek3-tiny" if a == "h200x8/deepseek3-proxy-16b" else "1" if a == "8" else a for a in command[1:]]
+  cpu = [*cpu[:-1], f"base_output_directory={tmp_path / 'checkpoints'}", "progress=plain", "max_target_length=128"]
+  assert cpu[:5] == ["launch", "--nproc-per-node", "1", "--nnodes", "1"]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1")
+  log = tmp_path / "first.txt"
+  with open(log, "w", encoding="utf-8") as out:
+    proc = subprocess.Popen([sys.executable, "-m", "maxtext_moe", *cpu], cwd=tmp_path, env=env, stdout=out, stderr=out)
+    deadline = time.monotonic() + 300
+    while "step     3/" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=240)
+  first = log.read_text()
+  assert proc.returncode != 0 and "stopped by SIGTERM" in first, first[-3000:]
+  second = subprocess.run(
+    [sys.executable, "-m", "maxtext_moe", *cpu], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+  )
+  assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+  saved = tmp_path / "checkpoints" / "fine-tune" / "checkpoints"
+  assert "maxtext-moe: resuming from checkpoint" in second.stdout and str(saved) in second.stdout, shlex.join(cpu)
+  steps = [json.loads(x)["step"] for x in (tmp_path / "checkpoints" / "fine-tune" / "metrics.jsonl").open()]
+  assert steps == list(range(6)), "the second start continued the first: no step repeated or lost"

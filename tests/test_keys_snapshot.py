@@ -5,6 +5,8 @@ from maxtext_moe.config.keys import PLUGIN_KEY_NAMES, PluginKeys
 SNAPSHOT = (
   "recipe_hardware",
   "recipe_num_devices",
+  "nodes",
+  "gpus_per_node",
   "moe_impl",
   "moe_dispatch",
   "moe_gemm_backend",

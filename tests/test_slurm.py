@@ -1,6 +1,7 @@
 """`scripts/slurm/train.sbatch` on a real one-node SLURM cluster (slurm_localhost.py): two tasks join one job
 from SLURM's variables, a SIGTERM to the job stops both at one step with a checkpoint, the script requeues
-the job, and the requeued job resumes to the losses of an uninterrupted run."""
+the job, and the requeued job resumes to the losses of an uninterrupted run; the same job submitted again
+(same job name and recipe, more steps) continues that run, and a user's run_name is kept."""
 
 import json
 import os
@@ -59,8 +60,22 @@ def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(clus
   stopped = [line for line in text.splitlines() if "maxtext-moe: stopped by SIGTERM after step" in line]
   assert stopped, text[-4000:]
   assert "maxtext-moe: resuming from checkpoint" in text
-  rows = [json.loads(line) for line in (out / f"req-{job}" / "metrics.jsonl").read_text().splitlines()]
+  run = out / "req-cpu-deepseek3-tiny"  # JOBNAME-RECIPE: what a resubmission finds again
+  rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == list(range(STEPS)), "every step once, across the stop and the requeue"
+  more = [a if not a.startswith("steps=") else f"steps={STEPS + 2}" for a in args]
+  again = cluster.run(
+    "sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--job-name=req",
+    f"--output={tmp_path}/%x-%j.out", str(REPO / "scripts" / "slurm" / "train.sbatch"), *more,
+  )  # fmt: skip
+  assert again.returncode == 0, again.stderr
+  job2 = again.stdout.strip().split(";")[0]
+  _wait(lambda: cluster.state(job2) in ("COMPLETED", "FAILED", "CANCELLED"), 420, "the resubmitted job's end")
+  text2 = (tmp_path / f"req-{job2}.out").read_text()
+  assert cluster.state(job2) == "COMPLETED", text2[-4000:]
+  assert f"maxtext-moe: resuming from checkpoint {STEPS - 1}" in text2, text2[-4000:]
+  resumed = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+  assert resumed == list(range(STEPS + 2)), "the resubmission continued the run: no step repeated"
   # The same job uninterrupted, as two processes of one device each (launch): the same losses. Not one
   # process with two devices: each process reads its own shard of the data, so the batches differ.
   ref = run_cli(

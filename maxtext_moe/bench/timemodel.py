@@ -32,7 +32,7 @@ MEGATRON_GB300_BEST = (1635.0, 1670.0)  # Megatron-Bridge's DeepSeek-V3 GB300 MX
 RECIPE = "gb300x128/deepseek3-671b"  # ours: te MXFP8 + te_ep, dropless, the bias update kept
 # FSDP 8 x 16 racks would split MLA's 512-wide kernels 1,024 ways (with the expert axis): FSDP 64 x 2
 # data-parallel replicas across the racks, as our gb300x1024 recipe does; the article does not say its layout.
-NVIDIA_AT_1024 = ["recipe_num_devices=1024", "num_slices=16", "dcn_fsdp_parallelism=8", "dcn_data_parallelism=2"]
+NVIDIA_AT_1024 = ["nodes=256", "dcn_fsdp_parallelism=8", "dcn_data_parallelism=2"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +150,7 @@ def _layouts(devices: int) -> list[tuple[str, list[str]]]:
   across = [[f"dcn_fsdp_parallelism={racks}", "dcn_data_parallelism=1"]]
   if racks > 2:
     across.append([f"dcn_fsdp_parallelism={racks // 2}", "dcn_data_parallelism=2"])
-  base = [f"recipe_num_devices={devices}", f"num_slices={racks}"]
+  base = [f"nodes={devices // 4}"]  # 4 GB300s per node; the racks follow
   moe_remat = ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"]
   out = []
   for ep in (4, 8, 16, 32, 64):

@@ -10,11 +10,11 @@ from maxtext_moe.cli.run_commands import OVERRIDES_HELP, _needs_recipe
 from maxtext_moe.errors import UserError
 
 
-def _resolved(args: list[str], command: str, *, weights: bool = True):
+def _resolved(ns: argparse.Namespace, command: str, *, weights: bool = True):
   from maxtext_moe.launch.preflight import check_inputs  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
 
-  recipe, overrides = _needs_recipe(args, command)
+  recipe, overrides = _needs_recipe(ns, command)
   if not weights:  # the data alone: a fine-tuning recipe need not name its checkpoint
     overrides = [*overrides, "finetune=false"]
   cfg = recipes.read(recipe, overrides).resolve()
@@ -38,7 +38,7 @@ def _data(ns: argparse.Namespace, out: IO[str]) -> int:
 
   if ns.rows < 1:
     raise UserError(f"--rows must be at least 1, got {ns.rows}")
-  sft_data.show(_resolved(ns.args, "data show", weights=False), rows=ns.rows, out=out)
+  sft_data.show(_resolved(ns, "data show", weights=False), rows=ns.rows, out=out)
   return 0
 
 
@@ -47,7 +47,7 @@ def _eval(ns: argparse.Namespace, out: IO[str]) -> int:
 
   if ns.limit is not None and ns.limit < 1:
     raise UserError(f"--limit must be at least 1, got {ns.limit}")
-  report = evaluate.evaluate(_resolved(ns.args, "eval"), split=ns.split, limit=ns.limit)
+  report = evaluate.evaluate(_resolved(ns, "eval"), split=ns.split, limit=ns.limit)
   if ns.json:
     print(json.dumps(report), file=out)
   else:

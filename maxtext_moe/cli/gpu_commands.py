@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from maxtext_moe.cli.run_commands import OVERRIDES_HELP, split_recipe
+from maxtext_moe.cli.run_commands import OVERRIDES_HELP, add_nodes_option, recipe_args
 from maxtext_moe.errors import UserError
 
 
@@ -15,7 +15,7 @@ def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.tools import compile as gpu_compile
   from maxtext_moe.tools.compile_report import format_report
 
-  recipe, overrides = split_recipe(ns.args)
+  recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError("compile needs a GPU RECIPE (see 'maxtext-moe recipes')")
   if not ns.verbose:  # XLA's and tokamax's notes about autotuning that cannot happen without a GPU
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "Kernel choices are not autotuned without a GPU.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  add_nodes_option(p)
   p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   p.add_argument("--hlo", metavar="DIR", help="also write the optimized HLO and the JSON report to DIR")
   p.set_defaults(func=_compile)

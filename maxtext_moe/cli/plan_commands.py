@@ -4,14 +4,14 @@ import argparse
 import json
 from typing import IO
 
-from maxtext_moe.cli.run_commands import split_recipe
+from maxtext_moe.cli.run_commands import add_nodes_option, recipe_args
 from maxtext_moe.errors import UserError
 
 
 def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.planner.memory_plan import memory_plan
 
-  recipe, overrides = split_recipe(ns.args)
+  recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
   if ns.gpus is not None and ns.gpus < 1:
@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "for the same recipe and overrides); the output says which.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
-  p.add_argument("--gpus", type=int, help="number of GPUs (default: the recipe's recipe_num_devices)")
+  add_nodes_option(p)
+  p.add_argument("--gpus", type=int, help="number of GPUs, a whole number of nodes (default: the recipe's nodes)")
   p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
   p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
   p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of the table")

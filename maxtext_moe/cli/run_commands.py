@@ -2,13 +2,21 @@
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import IO
 
+from maxtext_moe.cluster.supervisor import NNODES
 from maxtext_moe.errors import UserError
 
 OVERRIDES_HELP = """Overrides use MaxText's key=value grammar, e.g.: maxtext-moe train cpu/deepseek3-tiny steps=20
 run_name=demo. A key that the model file also sets needs override_model_config=true."""
+
+
+NODES_HELP = (
+  "nodes in the job (the YAML key nodes): the recipe's per-node (NVLink domain) layout N times, the DCN axis "
+  "set to -1 taking the rest; default the recipe's own"
+)
 
 
 def split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -18,8 +26,24 @@ def split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
   return None, args
 
 
-def _needs_recipe(args: list[str], command: str) -> tuple[str, list[str]]:
-  recipe, overrides = split_recipe(args)
+def add_nodes_option(p: argparse.ArgumentParser) -> None:
+  """`--nodes N`, the one name of the job's node count on every command (the YAML key `nodes`)."""
+  p.add_argument("--nodes", type=int, metavar="N", help=NODES_HELP)
+
+
+def recipe_args(ns: argparse.Namespace, env: dict[str, str] | None = None) -> tuple[str | None, list[str]]:
+  """(recipe, overrides) of a command's arguments, `--nodes N` as the override nodes=N (after the others).
+  Under `launch --nnodes N` (its MAXTEXT_MOE_NNODES in `env`) a command given no node count runs on N."""
+  recipe, overrides = split_recipe(ns.args)
+  if getattr(ns, "nodes", None) is not None:
+    overrides = [*overrides, f"nodes={ns.nodes}"]
+  elif env and env.get(NNODES) and not any(o.startswith("nodes=") for o in overrides):
+    overrides = [*overrides, f"nodes={env[NNODES]}"]
+  return recipe, overrides
+
+
+def _needs_recipe(ns: argparse.Namespace, command: str) -> tuple[str, list[str]]:
+  recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError(f"{command} needs a RECIPE (see 'maxtext-moe recipes')")
   return recipe, overrides
@@ -28,7 +52,7 @@ def _needs_recipe(args: list[str], command: str) -> tuple[str, list[str]]:
 def _train(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.launch.train import Distributed, train
 
-  recipe, overrides = split_recipe(ns.args)
+  recipe, overrides = recipe_args(ns, dict(os.environ))
   if ns.init_timeout <= 0:
     raise UserError(f"--init-timeout must be > 0 seconds, got {ns.init_timeout}")
   dist = Distributed(ns.coordinator, ns.num_processes, ns.process_id, ns.local_rank, ns.init_timeout)
@@ -43,8 +67,6 @@ def _train(ns: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _launch(ns: argparse.Namespace, out: IO[str]) -> int:
-  import os
-
   from maxtext_moe.cluster import supervisor
 
   command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -64,7 +86,7 @@ def _config(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.keys:
     print(show_keys(), file=out)
     return 0
-  recipe, overrides = _needs_recipe(ns.args, "config")
+  recipe, overrides = _needs_recipe(ns, "config")
   print(show_config(recipe, overrides, show_all=ns.all), file=out)
   return 0
 
@@ -83,7 +105,7 @@ def _flags(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.config import flags
   from maxtext_moe.upstream import recipe as recipes
 
-  name, overrides = _needs_recipe(ns.args, "flags")
+  name, overrides = _needs_recipe(ns, "flags")
   recipe = recipes.read(name, overrides)
   recipe.resolve()  # the whole config must be valid, not only its flag keys
   run_flags = recipe.flags
@@ -117,6 +139,7 @@ def _register_jobs(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     "rerunning with the same run_name resumes from the last checkpoint.",
   )
   p.add_argument("args", nargs="*", metavar="[RECIPE] [key=value]")
+  add_nodes_option(p)
   p.add_argument(
     "--check",
     action="store_true",
@@ -148,7 +171,9 @@ def _register_jobs(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     epilog="Example: maxtext-moe launch --nproc-per-node 8 -- train h200x8/deepseek3-proxy-16b steps=100",
   )
   p.add_argument("--nproc-per-node", type=int, required=True, metavar="N", help="processes (GPUs) on this node")
-  p.add_argument("--nnodes", type=int, help="nodes in the job (default: MAXTEXT_MOE_NNODES, else 1)")
+  p.add_argument(
+    "--nnodes", "--nodes", type=int, dest="nnodes", help="nodes in the job (default: MAXTEXT_MOE_NNODES, else 1)"
+  )
   p.add_argument("--node-rank", type=int, help="this node, 0..nnodes-1 (default: JOB_COMPLETION_INDEX, else 0)")
   p.add_argument(
     "--coordinator",
@@ -169,6 +194,7 @@ def _register_inspection(sub: argparse._SubParsersAction, common: argparse.Argum
     "every key whose value differs from MaxText's own base.yml (MaxText's value in a comment).",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  add_nodes_option(p)
   p.add_argument("--all", action="store_true", help="print every key, not only the ones that differ")
   p.add_argument("--keys", action="store_true", help="list the plugin's own keys with their descriptions")
   p.set_defaults(func=_config)
@@ -184,6 +210,7 @@ def _register_inspection(sub: argparse._SubParsersAction, common: argparse.Argum
     "environment itself.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
+  add_nodes_option(p)
   p.add_argument("--no-check", action="store_true", help="skip checking the XLA flags against the installed jaxlib")
   p.set_defaults(func=_flags)
 

@@ -5,7 +5,7 @@ import json
 from typing import IO
 
 from maxtext_moe.cli import plan_commands
-from maxtext_moe.cli.run_commands import split_recipe
+from maxtext_moe.cli.run_commands import add_nodes_option, split_recipe
 from maxtext_moe.errors import UserError
 
 
@@ -102,24 +102,36 @@ def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
   recipe, overrides = split_recipe(ns.args)
   if recipe is None:
     raise UserError("k8s needs a RECIPE (see 'maxtext-moe recipes')")
+  given = [o.partition("=")[2] for o in overrides if o.startswith("nodes=")]  # the YAML key as an override
+  overrides = [o for o in overrides if not o.startswith("nodes=")]
+  if ns.nodes is None and given and not given[-1].isdigit():
+    raise UserError(f"nodes={given[-1]}: give a whole number of nodes")
+  nodes = ns.nodes if ns.nodes is not None else int(given[-1]) if given else -1  # -1: the recipe's
+  if nodes == 0 or nodes < -1:
+    raise UserError(f"--nodes must be >= 1, got {nodes}")
+  if ns.gpus_per_node is not None:
+    overrides.append(f"gpus_per_node={ns.gpus_per_node}")
   name = ns.name or re.sub(r"[^a-z0-9-]+", "-", recipe.split("/")[-1].lower()).strip("-")
   request = k8s.Request(
     name=name,
     recipe=recipe,
     overrides=overrides,
-    nodes=ns.nodes,
+    nodes=nodes,
     image=ns.image,
     kind=ns.kind,
-    gpus_per_node=ns.gpus_per_node,
     checkpoint_claim=ns.checkpoint_claim,
     max_restarts=ns.max_restarts,
+    topology_key=ns.topology_key,
+    rdma_resource=ns.rdma_resource or "",
+    compute_domain=not ns.no_compute_domain,
   )
 
   class _NoAliases(yaml.SafeDumper):  # repeated label maps written out, not as &id001 anchors
     def ignore_aliases(self, data):
       return True
 
-  print(yaml.dump_all(k8s.for_recipe(request), Dumper=_NoAliases, sort_keys=False), end="", file=out)
+  _, docs = k8s.for_recipe(request)
+  print(yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False), end="", file=out)
   return 0
 
 
@@ -138,15 +150,36 @@ def _register_k8s(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     "| kubectl apply -f -",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
-  p.add_argument("--nodes", type=int, required=True, help="nodes (pods), one per GPU node")
+  add_nodes_option(p)
   p.add_argument("--image", required=True, help="the maxtext-moe image (docker/build.sh)")
   p.add_argument(
     "--kind", choices=["jobset", "job"], default="jobset", help="JobSet (default) or indexed Job + Service"
   )
-  p.add_argument("--name", help="object name (default: from the recipe)")
-  p.add_argument("--gpus-per-node", type=int, help="default: 8 for h100/h200/b200, 4 for gb200/gb300")
+  p.add_argument(
+    "--name",
+    help="object name, and the run_name unless you set one (default: from the recipe); the same name "
+    "continues the same run",
+  )
+  p.add_argument("--gpus-per-node", type=int, help="GPUs per pod (the key gpus_per_node); default: the hardware's")
   p.add_argument("--checkpoint-claim", default="maxtext-moe-checkpoints", help="PVC mounted at /checkpoints")
   p.add_argument("--max-restarts", type=int, default=3, help="jobset: whole-job restarts on failure (3)")
+  p.add_argument(
+    "--rdma-resource",
+    metavar="NAME=COUNT",
+    help="RDMA NICs per pod by the resource name your cluster's device plugin gives them, e.g. rdma/ib=4",
+  )
+  p.add_argument(
+    "--topology-key",
+    default="nvidia.com/gpu.clique",
+    help="GB200/GB300: the node label that names an NVL72 rack's NVLink clique; the pods of one NVLink domain "
+    "are placed on one value of it (default nvidia.com/gpu.clique, set by NVIDIA's GPU feature discovery)",
+  )
+  p.add_argument(
+    "--no-compute-domain",
+    action="store_true",
+    help="GB200/GB300: do not create a ComputeDomain (NVIDIA's DRA driver) nor claim its IMEX channel, for "
+    "clusters that set IMEX up outside Kubernetes",
+  )
   p.set_defaults(func=_k8s)
 
 

@@ -1,44 +1,77 @@
-"""`maxtext-moe k8s RECIPE --nodes N --image IMAGE`: the Kubernetes manifests for a training job.
+"""`maxtext-moe k8s RECIPE [--nodes N] --image IMAGE`: the Kubernetes manifests for a training job.
 
-One pod per node, each running `maxtext-moe launch --nproc-per-node G -- train RECIPE ...` (one process
-per GPU). Kubernetes sets JOB_COMPLETION_INDEX (the node rank) in an indexed Job, and so in each of a
-JobSet's Jobs; the manifest sets the node count, the coordinator (pod 0's stable DNS name under the
-headless service) and the recipe's flag environment. Two kinds:
-- `jobset` (default): a JobSet (jobset.x-k8s.io/v1alpha2) with one indexed Job of N pods. JobSet creates
-  the headless service (named after the JobSet) and restarts the whole gang on a failure, up to
-  --max-restarts times; training resumes from the last checkpoint.
+One pod per node, each running `maxtext-moe launch --nproc-per-node G --nnodes N -- train RECIPE --nodes N
+... run_name=RUN` (one process per GPU). Kubernetes sets JOB_COMPLETION_INDEX (the node rank) in an indexed
+Job, and so in each of a JobSet's Jobs; the manifest sets the node count, the coordinator (pod 0's stable DNS
+name under the headless service) and the recipe's flag environment. The node count is the recipe's `nodes`
+unless --nodes says otherwise, and is checked against the recipe's layout (`config.nodes`) here, not on the
+cluster.
+
+The run name is pinned (the user's `run_name`, else the job's name), so every start of these pods, a JobSet
+restart or the same manifest applied again, continues the run from its last checkpoint under
+/checkpoints/RUN instead of starting a new one.
+
+Two kinds:
+- `jobset` (default): a JobSet (jobset.x-k8s.io/v1alpha2). JobSet creates the headless service (named after
+  the JobSet) and restarts the whole gang on a failure, up to --max-restarts times.
 - `job`: an indexed Job plus a headless Service, for clusters without the JobSet controller; a failed
   pod fails the Job (pod failures are not retried one by one: the others could not continue without it).
 Checkpoints go to a PersistentVolumeClaim mounted at /checkpoints; /dev/shm is a memory-backed volume (NCCL
 and XLA use shared memory between a node's processes).
+
+Multi-node NVLink (GB200/GB300 NVL72), where the layout puts one NVLink domain over several nodes:
+- a ComputeDomain (resource.nvidia.com/v1beta1, NVIDIA's DRA driver for GPUs) whose IMEX channel every pod
+  claims (a ResourceClaimTemplate the driver makes; pods claim it by `resourceClaims`);
+- the pods of one NVLink domain kept in one rack by the node label the user names (--topology-key, default
+  `nvidia.com/gpu.clique`, which NVIDIA's GPU feature discovery sets per NVLink clique): the JobSet has one
+  Job per domain with JobSet's exclusive-topology annotation; an indexed Job (one domain only) a required
+  pod affinity. The node rank of a pod is then its Job's index x nodes per domain + its completion index.
+RDMA NICs are asked for by the resource name the cluster's device plugin gives them (--rdma-resource).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from maxtext_moe.cluster import placement, supervisor
-from maxtext_moe.config.hardware import gpu
 from maxtext_moe.errors import UserError
 
 COORDINATOR_PORT = 6123
 CHECKPOINT_MOUNT = "/checkpoints"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "workers"
+JOB_LABEL = "maxtext-moe/job"
+COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
+CHANNEL_CLAIM = "imex-channel"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
 
 
 @dataclass(frozen=True)
 class Request:
-  """What `maxtext-moe k8s` was asked for."""
+  """What `maxtext-moe k8s` was asked for, with the recipe's node layout resolved (`for_recipe`)."""
 
   name: str
   recipe: str
-  overrides: list[str]
+  overrides: list[str]  # the user's, without nodes= (the node count is `nodes`)
   nodes: int
   image: str
   kind: str = "jobset"
-  gpus_per_node: int | None = None
+  gpus_per_node: int = 8
   checkpoint_claim: str = "maxtext-moe-checkpoints"
   max_restarts: int = 3
+  run_name: str = ""  # "" -> the job's name
+  nodes_per_domain: int = 1  # nodes one NVLink domain spans as laid out (> 1: GB200/GB300 NVL72)
+  topology_key: str = "nvidia.com/gpu.clique"
+  rdma_resource: str = ""  # "NAME=COUNT" per pod, e.g. "rdma/ib=4"; "" asks for none
+  compute_domain: bool = True  # claim an IMEX channel of a ComputeDomain when nodes_per_domain > 1
+
+  @property
+  def domains(self) -> int:
+    return self.nodes // self.nodes_per_domain
+
+  @property
+  def multi_node_nvlink(self) -> bool:
+    return self.nodes_per_domain > 1
 
 
 def _check_name(name: str) -> None:
@@ -48,17 +81,49 @@ def _check_name(name: str) -> None:
     raise UserError(f"--name {name!r}: use at most 40 lowercase letters, digits and '-', starting with a letter")
 
 
-def _container(req: Request, gpus: int, coordinator: str, env: dict[str, str]) -> dict[str, Any]:
-  command = ["maxtext-moe", "launch", "--nproc-per-node", str(gpus), "--nnodes", str(req.nodes), "--"]
-  command += ["train", req.recipe, *req.overrides, f"base_output_directory={CHECKPOINT_MOUNT}"]
+def _rdma(req: Request) -> dict[str, int]:
+  if not req.rdma_resource:
+    return {}
+  name, _, count = req.rdma_resource.partition("=")
+  if not name or "/" not in name or not count.isdigit() or int(count) < 1:
+    raise UserError(
+      f"--rdma-resource {req.rdma_resource!r}: give the NICs' resource name and count per pod, e.g. rdma/ib=4 "
+      "(kubectl describe node shows the name under Allocatable)"
+    )
+  return {name: int(count)}
+
+
+def _env(req: Request, coordinator: str, env: dict[str, str]) -> list[dict[str, Any]]:
   variables = env | {placement.COORDINATOR: coordinator, supervisor.NNODES: str(req.nodes)}
+  if req.multi_node_nvlink and req.kind == "jobset":
+    variables[supervisor.NODES_PER_GROUP] = str(req.nodes_per_domain)
+  out = [{"name": k, "value": v} for k, v in sorted(variables.items())]
+  if req.multi_node_nvlink and req.kind == "jobset":  # this pod's Job: which NVLink domain it is in
+    field = f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"
+    out.append({"name": supervisor.GROUP_INDEX, "valueFrom": {"fieldRef": {"fieldPath": field}}})
+  return out
+
+
+def command(req: Request) -> list[str]:
+  """The container's command: launch one process per GPU, each training the pinned run on `nodes` nodes."""
+  run = ["launch", "--nproc-per-node", str(req.gpus_per_node), "--nnodes", str(req.nodes), "--"]
+  train = ["train", req.recipe, "--nodes", str(req.nodes), *req.overrides]
+  if not any(o.startswith("run_name=") for o in req.overrides):
+    train.append(f"run_name={req.run_name or req.name}")
+  return ["maxtext-moe", *run, *train, f"base_output_directory={CHECKPOINT_MOUNT}"]
+
+
+def _container(req: Request, coordinator: str, env: dict[str, str]) -> dict[str, Any]:
+  resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": req.gpus_per_node, **_rdma(req)}}
+  if req.multi_node_nvlink and req.compute_domain:
+    resources["claims"] = [{"name": CHANNEL_CLAIM}]
   return {
     "name": "trainer",
     "image": req.image,
-    "command": command,
-    "env": [{"name": k, "value": v} for k, v in sorted(variables.items())],
+    "command": command(req),
+    "env": _env(req, coordinator, env),
     "ports": [{"containerPort": COORDINATOR_PORT, "name": "coordinator"}],
-    "resources": {"limits": {"nvidia.com/gpu": gpus}},
+    "resources": resources,
     "volumeMounts": [
       {"name": "dshm", "mountPath": "/dev/shm"},
       {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
@@ -66,48 +131,75 @@ def _container(req: Request, gpus: int, coordinator: str, env: dict[str, str]) -
   }
 
 
-def pod_spec(req: Request, gpus: int, coordinator: str, env: dict[str, str], *, subdomain: str | None) -> dict:
-  spec = {
+def pod_spec(req: Request, coordinator: str, env: dict[str, str], *, subdomain: str | None) -> dict:
+  spec: dict[str, Any] = {
     "restartPolicy": "Never",
-    "containers": [_container(req, gpus, coordinator, env)],
+    "containers": [_container(req, coordinator, env)],
     "volumes": [
       {"name": "dshm", "emptyDir": {"medium": "Memory"}},
       {"name": "checkpoints", "persistentVolumeClaim": {"claimName": req.checkpoint_claim}},
     ],
   }
+  if req.multi_node_nvlink and req.compute_domain:
+    spec["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": _channel(req)}]
+  if req.multi_node_nvlink and req.kind == "job":  # one NVLink domain: every pod in the same rack
+    selector = {"matchLabels": {JOB_LABEL: req.name}}
+    term = {"labelSelector": selector, "topologyKey": req.topology_key}
+    spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
   return spec | ({"subdomain": subdomain} if subdomain else {})
 
 
-def job_spec(req: Request, pod: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+def job_spec(req: Request, pod: dict[str, Any], labels: dict[str, str], completions: int) -> dict[str, Any]:
   return {
     "completionMode": "Indexed",
-    "completions": req.nodes,
-    "parallelism": req.nodes,
+    "completions": completions,
+    "parallelism": completions,
     "backoffLimit": 0,
     "template": {"metadata": {"labels": labels}, "spec": pod},
   }
 
 
-def manifests(req: Request, env: dict[str, str], hardware: str, num_devices: int) -> list[dict[str, Any]]:
-  """The documents to apply, in order."""
+def _channel(req: Request) -> str:
+  return f"{req.name}-imex-channel"
+
+
+def compute_domain(req: Request, labels: dict[str, str]) -> dict[str, Any]:
+  """The ComputeDomain whose IMEX channel the pods claim (numNodes 0: the driver's DNS-name mode, where the
+  workload, not the domain, knows how many nodes take part)."""
+  return {
+    "apiVersion": COMPUTE_DOMAIN_API,
+    "kind": "ComputeDomain",
+    "metadata": {"name": f"{req.name}-domain", "labels": labels},
+    "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": _channel(req)}}},
+  }
+
+
+def _check(req: Request) -> None:
   _check_name(req.name)
   if req.nodes < 1:
     raise UserError(f"--nodes must be >= 1, got {req.nodes}")
   if req.kind not in ("jobset", "job"):
     raise UserError(f"--kind must be jobset or job, got {req.kind!r}")
-  model = gpu(hardware)
-  gpus = req.gpus_per_node or (model.gpus_per_node if model else None)
-  if not gpus:
-    raise UserError(f"recipe hardware {hardware} has no GPUs per node I know: pass --gpus-per-node")
-  if num_devices > 0 and num_devices != req.nodes * gpus:
+  if req.nodes % req.nodes_per_domain:
+    raise UserError(f"{req.nodes} nodes are not whole NVLink domains of {req.nodes_per_domain} nodes")
+  if req.multi_node_nvlink and req.kind == "job" and req.domains > 1:
     raise UserError(
-      f"the recipe lays out {num_devices} GPUs but {req.nodes} nodes x {gpus} GPUs = {req.nodes * gpus}; "
-      f"use --nodes {num_devices // gpus if num_devices % gpus == 0 else '?'} or override the layout"
+      f"--kind job keeps one NVLink domain in one rack, and {req.nodes} nodes are {req.domains} domains of "
+      f"{req.nodes_per_domain}: use --kind jobset (one Job per rack)"
     )
-  labels = {"app.kubernetes.io/name": "maxtext-moe", "maxtext-moe/job": req.name}
+  if not req.topology_key or " " in req.topology_key:
+    raise UserError(f"--topology-key {req.topology_key!r}: give a node label key, e.g. nvidia.com/gpu.clique")
+
+
+def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
+  """The documents to apply, in order."""
+  _check(req)
+  _rdma(req)
+  labels = {"app.kubernetes.io/name": "maxtext-moe", JOB_LABEL: req.name}
+  domain = [compute_domain(req, labels)] if req.multi_node_nvlink and req.compute_domain else []
   if req.kind == "job":
     coordinator = f"{req.name}-0.{req.name}:{COORDINATOR_PORT}"  # indexed Job pods: NAME-INDEX
-    pod = pod_spec(req, gpus, coordinator, env, subdomain=req.name)
+    pod = pod_spec(req, coordinator, env, subdomain=req.name)
     service = {
       "apiVersion": "v1",
       "kind": "Service",
@@ -123,30 +215,48 @@ def manifests(req: Request, env: dict[str, str], hardware: str, num_devices: int
       "apiVersion": "batch/v1",
       "kind": "Job",
       "metadata": {"name": req.name, "labels": labels},
-      "spec": job_spec(req, pod, labels),
+      "spec": job_spec(req, pod, labels, req.nodes),
     }
-    return [service, job]
+    return [*domain, service, job]
   coordinator = f"{req.name}-{REPLICATED_JOB}-0-0.{req.name}:{COORDINATOR_PORT}"  # JobSet pod 0's DNS name
-  pod = pod_spec(req, gpus, coordinator, env, subdomain=None)
+  pod = pod_spec(req, coordinator, env, subdomain=None)
+  # One Job per NVLink domain, each kept in one rack (JobSet's exclusive placement by the topology label).
+  replicas, per_job = (req.domains, req.nodes_per_domain) if req.multi_node_nvlink else (1, req.nodes)
+  metadata: dict[str, Any] = {"name": req.name, "labels": labels}
+  if req.multi_node_nvlink:
+    metadata["annotations"] = {EXCLUSIVE_TOPOLOGY: req.topology_key}
   jobset = {
     "apiVersion": JOBSET_API,
     "kind": "JobSet",
-    "metadata": {"name": req.name, "labels": labels},
+    "metadata": metadata,
     "spec": {
       "failurePolicy": {"maxRestarts": req.max_restarts},
       "network": {"enableDNSHostnames": True},
-      "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1, "template": {"spec": job_spec(req, pod, labels)}}],
+      "replicatedJobs": [
+        {"name": REPLICATED_JOB, "replicas": replicas, "template": {"spec": job_spec(req, pod, labels, per_job)}}
+      ],
     },
   }
-  return [jobset]
+  return [*domain, jobset]
 
 
-def for_recipe(req: Request) -> list[dict[str, Any]]:
-  """Resolves the recipe (bad overrides fail here, not on the cluster) and builds its manifests."""
+def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
+  """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
+  and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
+  in, the documents)."""
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
 
-  overrides = [*req.overrides, f"base_output_directory={CHECKPOINT_MOUNT}"]
+  run = [] if any(o.startswith("run_name=") for o in req.overrides) else [f"run_name={req.run_name or req.name}"]
+  overrides = [*req.overrides, *run, f"base_output_directory={CHECKPOINT_MOUNT}"]
+  if req.nodes > 0:
+    overrides.append(f"nodes={req.nodes}")
   recipe = recipes.read(req.recipe, overrides, keep_process_flags=False)  # the cluster's flags, not ours
-  cfg = recipe.resolve()
-  env = recipe.flags.full_env()
-  return manifests(req, env, str(cfg.recipe_hardware), int(cfg.recipe_num_devices))
+  recipe.resolve()
+  layout = recipe.keys.layout
+  if layout.gpus_per_node is None:
+    raise UserError(
+      f"{req.recipe} runs on this machine ('maxtext-moe train'); k8s takes a GPU recipe (maxtext-moe recipes)"
+    )
+  per_domain = max(int(layout.per_slice or layout.gpus_per_node) // layout.gpus_per_node, 1)
+  resolved = replace(req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain)
+  return resolved, manifests(resolved, recipe.flags.full_env())

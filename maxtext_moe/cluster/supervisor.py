@@ -20,6 +20,10 @@ from maxtext_moe.cluster import placement
 from maxtext_moe.errors import EXIT_RESUMABLE, UserError
 
 NNODES = f"{placement.PREFIX}NNODES"
+# A job of several groups of nodes (a JobSet with one Job per NVLink domain): a pod's node rank is its
+# group's index x nodes per group + its completion index within the group.
+NODES_PER_GROUP = f"{placement.PREFIX}NODES_PER_GROUP"
+GROUP_INDEX = f"{placement.PREFIX}GROUP_INDEX"
 GRACE_S = 120  # how long children get after a forwarded signal (a checkpoint may be in flight)
 
 
@@ -34,6 +38,7 @@ class Plan:
 
   def child_env(self, local_rank: int, base: dict[str, str]) -> dict[str, str]:
     return base | {
+      NNODES: str(self.nnodes),  # train's node count when it is given none (`cli.run_commands.recipe_args`)
       placement.COORDINATOR: self.coordinator,
       placement.NUM_PROCESSES: str(self.nnodes * self.nproc_per_node),
       placement.PROCESS_ID: str(self.node_rank * self.nproc_per_node + local_rank),
@@ -62,8 +67,12 @@ def plan(
   try:
     nnodes = nnodes if nnodes is not None else int(env.get(NNODES, "1"))
     rank = node_rank if node_rank is not None else int(env.get("JOB_COMPLETION_INDEX", "0"))
+    if node_rank is None and GROUP_INDEX in env:
+      rank += int(env[GROUP_INDEX]) * int(env.get(NODES_PER_GROUP, "1"))
   except ValueError as e:
-    raise UserError(f"launch: {NNODES} and JOB_COMPLETION_INDEX must be integers ({e})") from None
+    raise UserError(
+      f"launch: {NNODES}, JOB_COMPLETION_INDEX, {GROUP_INDEX} and {NODES_PER_GROUP} must be integers ({e})"
+    ) from None
   if nnodes < 1 or not 0 <= rank < nnodes:
     raise UserError(f"launch: node rank {rank} is not in 0..{nnodes - 1} ({nnodes} nodes)")
   coordinator = coordinator or env.get(placement.COORDINATOR)

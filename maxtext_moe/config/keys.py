@@ -63,8 +63,20 @@ class PluginKeys(BaseModel):
   recipe_hardware: Hardware = Field(Hardware.CPU, description="Hardware the recipe is laid out for.")
   recipe_num_devices: int = Field(
     -1,
-    description="Total devices the recipe's parallelism layout expects; -1 means whatever is visible. "
-    "The launcher refuses to start when the visible device count differs.",
+    description="Total devices the job's layout expects; -1 means whatever is visible. On GPU recipes it "
+    "follows from nodes (nodes x GPUs per node); the launcher refuses to start when the visible count differs.",
+  )
+  nodes: int = Field(
+    -1,
+    description="Nodes in the job (--nodes N on every command). A recipe's ICI degrees lay out one NVLink "
+    "domain (an HGX node, or the nodes of one NVL72 rack); the DCN axis set to -1 takes the domains beyond "
+    "it (data parallel unless the recipe says otherwise); num_slices and recipe_num_devices follow. -1: the "
+    "recipe's recipe_num_devices in nodes, else 1. On CPU a node is one process.",
+  )
+  gpus_per_node: int = Field(
+    0,
+    ge=0,
+    description="GPUs per node (0: the hardware's: 8 for h100/h200/b200, 4 for gb200/gb300).",
   )
   moe_impl: MoEImpl = Field(
     MoEImpl.DROPLESS,

@@ -9,21 +9,66 @@ from maxtext_moe.config import checks
 from maxtext_moe.errors import UserError
 
 
+def _device_hint(cfg: Any, *, visible: int, processes: int) -> str:
+  """How to make the job's devices and the recipe's layout agree."""
+  from maxtext_moe.config.nodes import gpus_per_node  # pylint: disable=import-outside-toplevel
+
+  per_node = gpus_per_node(cfg.recipe_hardware, int(cfg.gpus_per_node))
+  if per_node and visible % per_node == 0:
+    return (
+      f"; the job has {visible // per_node} node(s) of {per_node} GPUs: pass --nodes {visible // per_node} "
+      "(nodes=N), with one process per GPU"
+    )
+  if cfg.hardware == "cpu" and processes == 1:
+    return f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={cfg.recipe_num_devices}"
+  return "; start one process per GPU of the layout, or pass --nodes N for the job's node count"
+
+
 def check_visible_devices(cfg: Any, *, visible: int, processes: int = 1) -> None:
-  """The recipe's device count and parallelism product must match what the job sees."""
+  """The recipe's device count (its nodes x GPUs per node) and parallelism product must match what the job
+  sees; on CPU each node is one process."""
   want = cfg.recipe_num_devices
   where = f" to {processes} processes" if processes > 1 else ""
+  nodes = max(int(cfg.nodes), 1)
   if want > 0 and want != visible:
-    hint = (
-      f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={want}"
-      if cfg.hardware == "cpu" and processes == 1
-      else "; start one process per GPU of the layout, or override recipe_num_devices and the parallelism"
+    layout = f"{nodes} node(s), {want} devices" if str(cfg.recipe_hardware) != "cpu" else f"{want} devices"
+    raise UserError(
+      f"recipe lays out {layout} but {visible} are visible{where}"
+      f"{_device_hint(cfg, visible=visible, processes=processes)}"
     )
-    raise UserError(f"recipe lays out {want} devices but {visible} are visible{where}{hint}")
+  if str(cfg.recipe_hardware) == "cpu" and nodes > 1 and processes != nodes:
+    raise UserError(
+      f"nodes={nodes} on CPU runs one process per node, but this job has {processes} process(es); start "
+      f"{nodes} (maxtext-moe launch --nproc-per-node 1 --nnodes {nodes}), or set nodes={processes}"
+    )
   try:
     checks.check_layout_fits_devices(cfg, num_devices=visible)
   except ValueError as e:
     raise UserError(str(e)) from e
+
+
+def check_nvlink_domains(cfg: Any, devices: list) -> None:
+  """On GPU, the NVLink domains JAX reports (each device's `slice_index`: its NVL72 rack's fabric, else
+  its host) must be the ones the layout expects (num_slices, from nodes), or MaxText's mesh puts ICI
+  degrees across the network. A rack whose multi-node NVLink is not set up for the job (IMEX channels,
+  NVIDIA's ComputeDomain on Kubernetes) shows each host as its own domain."""
+  from maxtext_moe.config.nodes import gpus_per_node  # pylint: disable=import-outside-toplevel
+
+  seen = sorted({int(getattr(d, "slice_index", 0)) for d in devices})
+  want = max(int(cfg.num_slices), 1)
+  if not hasattr(devices[0], "slice_index") or len(seen) == want:
+    return
+  per = len(devices) // max(len(seen), 1)
+  why = (
+    "; each host is its own domain here: on GB200/GB300 the job needs the rack's multi-node NVLink (an IMEX "
+    "channel: NVIDIA's ComputeDomain on Kubernetes, docs/cluster.md)"
+    if per == gpus_per_node(cfg.recipe_hardware, int(cfg.gpus_per_node)) and want < len(seen)
+    else ""
+  )
+  raise UserError(
+    f"JAX reports {len(seen)} NVLink domain(s) of about {per} GPUs but the layout wants {want} of "
+    f"{len(devices) // want}{why}; check --nodes and which nodes the job got"
+  )
 
 
 def check_layout_divides(cfg: Any, *, num_devices: int) -> None:

@@ -17,12 +17,14 @@ from typing import IO, Any
 
 from maxtext_moe import integrity, locks
 from maxtext_moe.config import flags
+from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch.preflight import (
   absolute_checkpoint_paths,
   check_inputs,
   check_layout_divides,
   check_moe_path,
+  check_nvlink_domains,
   check_platform,
   check_visible_devices,
 )
@@ -92,9 +94,12 @@ def _start_run(cfg: Any, recipe: Any, applied: dict[str, str], job: Any, out: IO
     (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
     _keep_model_file(cfg, run_dir)
     where = f" in {job.num_processes} processes" if job else ""
+    nodes = f" on {cfg.nodes} nodes" if int(cfg.nodes) > 1 else ""
+    batch = global_batch(cfg.per_device_batch_size, jax.device_count(), cfg.gradient_accumulation_steps)
     print(
       f"maxtext-moe: training {cfg.model_name} from {recipe.path.name} on {jax.device_count()} "
-      f"{jax.default_backend()} device(s){where}; run directory {run_dir}",
+      f"{jax.default_backend()} device(s){where}{nodes}; global batch {batch:,} x {cfg.max_target_length:,} = "
+      f"{batch * int(cfg.max_target_length):,} tokens per step; run directory {run_dir}",
       file=out,
       flush=True,
     )
@@ -139,6 +144,8 @@ def train(
   cfg = recipe.resolve()
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())
+  if jax.default_backend() == "gpu":
+    check_nvlink_domains(cfg, jax.devices())
   check_moe_path(cfg)
   check_inputs(cfg)
   check_layout_divides(cfg, num_devices=jax.device_count())  # traces the model: needs a batch (above)

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from maxtext_moe.config import nodes
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
 from maxtext_moe.planner.shards import mesh_axes_of
@@ -56,9 +57,10 @@ def _splits(cfg: Any, num_devices: int) -> list[tuple[int, int, int, int]]:
   ep = max(int(cfg.ici_expert_parallelism), 1)
   dcn_fsdp = max(int(cfg.dcn_fsdp_parallelism), 1)
   dcn_options = sorted((d for d in range(1, dcn_fsdp + 1) if dcn_fsdp % d == 0), reverse=True)
+  per_node = nodes.gpus_per_node(cfg.recipe_hardware, int(getattr(cfg, "gpus_per_node", 0))) or 1
   out = []
   for per_slice in range(num_devices // slices, 0, -1):
-    if per_slice % other:
+    if per_slice % other or per_slice % per_node:  # whole nodes only: a job is so many nodes
       continue
     ici = per_slice // other
     eps = sorted((e for e in range(1, ici + 1) if ici % e == 0), key=lambda e: (abs(math.log(e / ep)), -e))
@@ -74,6 +76,12 @@ def _sizes(cfg: Any, devices: int, ep: int, fsdp: int, dcn_fsdp: int) -> dict[st
   return sizes
 
 
+def _size(cfg: Any, devices: int) -> list[str]:
+  """The override that makes the job `devices` devices: its node count on GPUs, the device count on CPU."""
+  per_node = nodes.gpus_per_node(cfg.recipe_hardware, int(getattr(cfg, "gpus_per_node", 0)))
+  return [f"nodes={devices // per_node}"] if per_node else [f"recipe_num_devices={devices}"]
+
+
 def dividing_layout(cfg: Any, leaves: list, num_devices: int) -> list[str] | None:
   """The overrides of the nearest layout (most devices, then the EP degree nearest the recipe's) whose
   parameters all divide, or None."""
@@ -87,7 +95,7 @@ def dividing_layout(cfg: Any, leaves: list, num_devices: int) -> list[str] | Non
       if dcn != dcn_fsdp:
         data = max(int(cfg.dcn_data_parallelism), 1) * dcn_fsdp // dcn
         fix += [f"dcn_fsdp_parallelism={dcn}", f"dcn_data_parallelism={data}"]
-      return fix + ([f"recipe_num_devices={devices}"] if devices != num_devices else [])
+      return fix + (_size(cfg, devices) if devices != num_devices else [])
   return None
 
 

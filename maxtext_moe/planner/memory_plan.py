@@ -15,6 +15,7 @@ from typing import Any
 from maxtext_moe.config import hardware
 from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.layout import mesh_sizes
+from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
 from maxtext_moe.planner import divisibility
@@ -36,6 +37,9 @@ class MemoryPlan:
   recipe: str
   hardware: Hardware
   num_devices: int
+  nodes: int
+  global_batch: int  # sequences per step over the whole job (per_device_batch_size x devices)
+  seq_len: int
   dispatch: str
   layout: dict[str, int]
   mfu: float
@@ -53,8 +57,11 @@ class MemoryPlan:
     """A readable report: layout, memory per device by component, verdict, fix, throughput."""
     e = self.base
     layout = " x ".join(f"{a}={n}" for a, n in self.layout.items() if n > 1) or "1 device"
+    where = f"{self.nodes} node(s), {self.num_devices} x {self.hardware.value}"
     lines = [
-      f"{self.recipe}: {self.num_devices} x {self.hardware.value}, {layout}, MoE dispatch {self.dispatch}",
+      f"{self.recipe}: {where}, {layout}, MoE dispatch {self.dispatch}",
+      f"  global batch: {self.global_batch:,} sequences x {self.seq_len:,} = "
+      f"{self.global_batch * self.seq_len:,} tokens per step",
       f"  tokens per device per step: {e.tokens_per_step:,}; MoE rows per device: {e.moe_rows:,}",
       "",
       f"  {'per device':<44}{'GiB':>10}",
@@ -104,6 +111,9 @@ class MemoryPlan:
     return {
       "recipe": self.recipe,
       "num_devices": self.num_devices,
+      "nodes": self.nodes,
+      "global_batch": self.global_batch,
+      "tokens_per_step": self.global_batch * self.seq_len,
       "dispatch": self.dispatch,
       "layout": self.layout,
       "fits": self.base.fits,
@@ -153,7 +163,7 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
 
   path = recipe_path(recipe)
   # A fine-tuning recipe's weights do not change its memory: plan it without them.
-  base_overrides = ["finetune=false", *overrides] + ([f"recipe_num_devices={gpus}"] if gpus else [])
+  base_overrides = ["finetune=false", *overrides, *(_gpus_as_nodes(path, overrides, gpus) if gpus else [])]
   cfg = upstream_config.resolved(path, base_overrides)
   n = int(cfg.recipe_num_devices)
   if n <= 0:
@@ -165,6 +175,18 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
   leaves = _leaves(str(path), tuple(base_overrides))
   return _Context(path, base_overrides, n, hbm, spec.host_gb * 1e9 / GIB if spec else None, leaves, _target(cfg)), cfg
+
+
+def _gpus_as_nodes(path: Any, overrides: list[str], gpus: int) -> list[str]:
+  """`plan --gpus N` as the override it means: N / GPUs-per-node nodes (on CPU, N devices)."""
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+
+  per_node = upstream_config.layer_keys(path, overrides).layout.gpus_per_node
+  if per_node is None:
+    return [f"recipe_num_devices={gpus}"]
+  if gpus % per_node:
+    raise UserError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes; pass --nodes N instead")
+  return [f"nodes={gpus // per_node}"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -241,6 +263,8 @@ def memory_plan(
         fix, fix_kind = cand, kind
         break
   layout = {a: s for a, s in mesh_sizes(cfg, ctx.num_devices).items() if s > 1}
+  batch = global_batch(cfg.per_device_batch_size, ctx.num_devices, cfg.gradient_accumulation_steps)
   return MemoryPlan(
-    recipe, Hardware(cfg.recipe_hardware), ctx.num_devices, dispatch, layout, mfu, base, fix, fix_kind, tried
-  )
+    recipe, Hardware(cfg.recipe_hardware), ctx.num_devices, max(int(cfg.nodes), 1), batch,
+    int(cfg.max_target_length), dispatch, layout, mfu, base, fix, fix_kind, tried,
+  )  # fmt: skip

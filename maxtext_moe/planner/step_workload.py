@@ -62,8 +62,9 @@ def formats(cfg: Any) -> dict[str, str]:
   return {"dense": _format(cfg.quantization), "grouped": grouped, "attention": "bf16"}
 
 
-def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
-  """(gathered bytes per GPU, group size, NVLink domains spanned, shard bytes per GPU) per leaf gathered."""
+def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
+  """(bytes per GPU as computed with, ways gathered, NVLink domains the gather spans, shard bytes per GPU)
+  of every parameter leaf."""
   # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
   # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
   w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
@@ -82,9 +83,13 @@ def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[i
         else:
           gathered *= ici * dcn
           domains *= dcn
-    if gathered > 1:
-      out.append((total * w_b / kept, gathered, domains, total * w_b / kept / gathered))
+    out.append((total * w_b / kept, gathered, domains, total * w_b / kept / gathered))
   return out
+
+
+def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
+  """`_param_splits` of the leaves that are gathered (split over an FSDP-like axis)."""
+  return [row for row in _param_splits(cfg, leaves, rules, sides) if row[1] > 1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +151,8 @@ def _fsdp_transfers(cfg: Any, leaves: list, step: _Step) -> list[Transfer]:
     out.append(Transfer(f"FSDP weight all-gathers {where}", "all-gather", 2 * nbytes, group, domains, True, 2 * n))
     out.append(Transfer(f"gradient reduce-scatters {where}", "reduce-scatter", nbytes, group, domains, True, n))
   data_ici, data_dcn = step.sides.get("data", (1, 1))
-  if data_ici * data_dcn > 1:  # the gradients' shards (the whole tree when nothing is gathered)
-    shard = sum(s for *_, s in groups) or sum(math.prod(sh) for p, sh, _ in leaves if p[0] == "params") * 4
+  if data_ici * data_dcn > 1:  # every gradient shard a GPU holds, the experts' (never gathered) included
+    shard = sum(s for *_, s in _param_splits(cfg, leaves, step.rules, step.sides))
     name = f"gradient all-reduce x{data_ici * data_dcn} (data)"
     out.append(Transfer(name, "all-reduce", shard, data_ici * data_dcn, data_dcn, True))
   return out

@@ -50,11 +50,8 @@ def target_of(keys: Any) -> Target:
       f"{keys.plugin.recipe_hardware} recipes run on this machine with 'maxtext-moe train'; compile takes a GPU "
       "recipe (maxtext-moe recipes lists them)"
     )
-  devices = int(keys.plugin.recipe_num_devices)
-  slices = max(int(keys.maxtext["num_slices"]), 1)
-  if devices <= 0 or devices % slices:
-    raise UserError(f"compile needs a device count divisible by num_slices={slices}: set recipe_num_devices=N")
-  return Target(gpu, str(keys.plugin.recipe_hardware), devices, slices)
+  layout = keys.layout  # nodes x GPUs per node, in NVLink domains (`config.nodes.scale`)
+  return Target(gpu, str(keys.plugin.recipe_hardware), layout.devices, layout.slices)
 
 
 def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[str]]:

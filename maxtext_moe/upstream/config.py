@@ -25,9 +25,9 @@ from maxtext.configs import pyconfig, types
 from maxtext.utils import globals as mt_globals
 from maxtext.utils import max_utils
 
-from maxtext_moe.config import checks, layers, model_file, offload
+from maxtext_moe.config import checks, layers, model_file, nodes, offload
 from maxtext_moe.config.keys import PluginKeys
-from maxtext_moe.config.layout import expert_parallelism
+from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
@@ -113,6 +113,7 @@ class LayerKeys:
   dump_hlo: bool
   dump_hlo_flags: list[str]  # the XLA flags that make dump_hlo dump (MaxText adds them only without XLA_FLAGS)
   maxtext: dict[str, Any]  # MaxText's keys of `MAXTEXT_LAYER_KEYS`, as the layers and overrides set them
+  layout: nodes.NodeLayout  # the job on `nodes` nodes: devices, NVLink domains, the cross-node axis
 
   @property
   def expert_parallelism(self) -> int:
@@ -122,6 +123,8 @@ class LayerKeys:
 _LAYER_PLUGIN_KEYS = (
   "recipe_hardware",
   "recipe_num_devices",
+  "nodes",
+  "gpus_per_node",
   "flag_profile",
   "xla_flags_extra",
   "env_extra",
@@ -142,6 +145,32 @@ def _layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
   if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
     return omegaconf.OmegaConf.to_container(value, resolve=True)
   return None if isinstance(value, str) and value.lower() == "none" else value
+
+
+def _degrees(cfg: omegaconf.DictConfig, prefix: str) -> dict[str, int]:
+  """{axis: degree} of the merged layers' `<prefix><axis>_parallelism` keys."""
+  out = {}
+  for key in cfg:
+    axis = str(key)[len(prefix) : -len(SUFFIX)]
+    if str(key).startswith(prefix) and str(key).endswith(SUFFIX) and axis:
+      value = _layer_value(cfg, str(key))
+      if isinstance(value, int) and not isinstance(value, bool):
+        out[axis] = value
+  return out
+
+
+def node_layout(cfg: omegaconf.DictConfig, plugin: PluginKeys) -> nodes.NodeLayout:
+  """The job the merged layers and overrides describe on their `nodes` (`config.nodes.scale`)."""
+  slices = _layer_value(cfg, "num_slices")
+  return nodes.scale(
+    plugin.recipe_hardware,
+    nodes=plugin.nodes,
+    ici=_degrees(cfg, ICI),
+    dcn=_degrees(cfg, DCN),
+    recipe_devices=plugin.recipe_num_devices,
+    num_slices=int(slices) if isinstance(slices, int) else -1,
+    gpus_per_node_override=plugin.gpus_per_node,
+  )
 
 
 def _refuse_derived(overrides: list[str]) -> None:
@@ -189,6 +218,9 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     )
     values = {k: _layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
     values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
+    layout = node_layout(merged, plugin)
+    plugin = plugin.model_copy(update={"nodes": layout.nodes, "recipe_num_devices": layout.devices})
+    values["num_slices"] = layout.slices
   except (pydantic.ValidationError, ValueError, yaml.YAMLError, omegaconf.errors.OmegaConfBaseException) as e:
     raise UserError(one_line(e)) from e
   return LayerKeys(
@@ -202,6 +234,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     dump_hlo=bool(raw["dump_hlo"]),
     dump_hlo_flags=_dump_flags(raw) if raw["dump_hlo"] else [],
     maxtext=values,
+    layout=layout,
   )
 
 
@@ -218,7 +251,7 @@ def maxtext_argv(config_path: str | Path, overrides: list[str], keys: LayerKeys)
   then the user's overrides (so theirs win)."""
   ours = keys.recipe_over_model + (["override_model_config=true"] if keys.recipe_over_model else [])
   preset = offload.preset_overrides(keys.plugin.offload)
-  return ["", str(config_path), *preset, *ours, *keys.model_overrides, *overrides]
+  return ["", str(config_path), *preset, *ours, *keys.model_overrides, *overrides, *keys.layout.overrides()]
 
 
 _UNKNOWN_KEY = re.compile(r"^'([^']+)' not in ")

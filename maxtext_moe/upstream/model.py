@@ -25,7 +25,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mla_norm, moe_layer, orbax
+from maxtext_moe.upstream import mesh, mla_norm, moe_layer, orbax
 from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
@@ -34,6 +34,7 @@ ONE_DEVICE_OVERRIDES = [
   "ici_data_parallelism=-1",
   *(f"dcn_{a}_parallelism=1" for a in ("data", "fsdp", "expert", "pipeline")),
   "num_slices=1",
+  "nodes=1",
   "recipe_num_devices=-1",
   "hardware=cpu",
   "attention=dot_product",  # the parameter tree does not depend on the kernel; cuDNN's needs TE to trace
@@ -49,13 +50,15 @@ Leaf = tuple[tuple[str, ...], tuple[int, ...], tuple[str | None, ...]]
 
 
 def model_patches() -> list[Patch]:
-  """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon."""
-  return [*moe_layer.patches(), *mla_norm.patches()]
+  """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon, the mesh of
+  CPU processes as nodes."""
+  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches()]
 
 
 def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:
-  mesh = maxtext_utils.get_mesh_from_config(cfg)
-  return models.transformer_as_linen(cfg, mesh, quant=None, model_mode="train"), mesh
+  with installed(mesh.patches()):
+    device_mesh = maxtext_utils.get_mesh_from_config(cfg)
+  return models.transformer_as_linen(cfg, device_mesh, quant=None, model_mode="train"), device_mesh
 
 
 def param_leaves(cfg: Any) -> list[Leaf]:
