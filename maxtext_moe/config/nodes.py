@@ -157,7 +157,7 @@ def scale(
   why = _problem(str(hardware), nodes, g, ici, dcn)
   if why:
     near = valid_nodes(str(hardware), g, ici, dcn, near=max(nodes, 1))
-    hint = f"; use --nodes {' or '.join(map(str, near))}" if near else "; change the ICI or DCN degrees"
+    hint = f"; use --nodes {' or '.join(map(str, near))}" if near else ""
     raise UserError(f"{why}{hint}")
   per_slice = _per_slice(str(hardware), nodes, g, ici)
   slices = nodes * g // per_slice
