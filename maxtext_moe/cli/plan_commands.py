@@ -4,13 +4,17 @@ import argparse
 import json
 from typing import IO
 
-from maxtext_moe.cli.run_commands import add_nodes_option, recipe_args
+from maxtext_moe.cli.run_commands import add_nodes_option, recipe_args, split_recipe
 from maxtext_moe.errors import UserError
 
 
 def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
   from maxtext_moe.planner.memory_plan import memory_plan
 
+  if ns.search:
+    return _search(ns, out)
+  if ns.gpu or ns.write or ns.top is not None:
+    raise UserError("--gpu, --write and --top belong to --search: plan MODEL --gpu GPU --nodes N --search")
   recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
@@ -35,6 +39,48 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
   else:
     print(result.table() + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
   return 0 if result.base.fits else 1
+
+
+def _search(ns: argparse.Namespace, out: IO[str]) -> int:
+  """`plan MODEL --gpu GPU --nodes N --search [--write FILE.yml]`."""
+  import shlex
+  import sys
+  from pathlib import Path
+
+  from maxtext_moe.bench.report import emit
+  from maxtext_moe.planner import search
+
+  model, overrides = split_recipe(ns.args)
+  if model is None:
+    raise UserError("plan --search needs a MODEL: a recipe, a model of configs/models or a model YAML file")
+  for flag in ("time", "compiled", "gpus", "gpu_mem"):
+    if getattr(ns, flag):
+      raise UserError(f"--{flag.replace('_', '-')} is not read by --search (it times every layout it keeps)")
+  if ns.nodes is not None and ns.nodes < 1:
+    raise UserError(f"--nodes must be >= 1, got {ns.nodes}")
+  top = 8 if ns.top is None else ns.top
+  if top < 1:
+    raise UserError(f"--top must be >= 1, got {top}")
+  base = search.base_of(model, ns.gpu, ns.nodes or 1, overrides)
+  found, tried, ctx = search.search(base)
+  devices = f"{ctx.num_devices} x {ns.gpu or 'the recipe GPU'}"
+  title = f"{model} on {ns.nodes or 1} node(s), {devices}: {len(found)} of {tried} layouts tried fit, fastest first"
+  result = {"model": model, "nodes": ns.nodes or 1, "devices": ctx.num_devices, "tried": tried}
+  result["layouts"] = [f.row() for f in found[:top]]
+  if not found:
+    raise UserError(
+      f"no layout of {model} fits {ctx.num_devices} GPUs ({tried} tried, offload included): use more nodes "
+      "(--nodes) or GPUs with more memory"
+    )
+  if ns.write:
+    command = shlex.join(["maxtext-moe", *sys.argv[1:]]) if sys.argv[1:2] == ["plan"] else "maxtext-moe plan --search"
+    text = search.recipe_text(base, found[0], command=command, hbm_gib=ctx.hbm_gib)
+    search.write(Path(ns.write), text)
+    result["written"] = str(Path(ns.write).resolve())
+  emit(search.table(found, top=top, title=title), result, as_json=ns.json, out=out, width=200)
+  if ns.write and not ns.json:
+    print(f"wrote the first as a recipe: {ns.write} (maxtext-moe compile {ns.write} checks it)", file=out)
+  return 0
 
 
 def _compile_report(path: str) -> dict:
@@ -85,4 +131,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p.add_argument(
     "--compiled", metavar="DIR", help="with --time: take the collectives from 'maxtext-moe compile --hlo DIR'"
   )
+  p.add_argument(
+    "--search",
+    action="store_true",
+    help="rank the layouts of MODEL (a recipe, a model of configs/models or a model YAML) that fit --nodes "
+    "nodes of --gpu: EP x FSDP per NVLink domain, data or FSDP across, remat, offload and micro-batch, by the "
+    "step-time model's tokens/s per GPU",
+  )
+  p.add_argument("--gpu", help=f"with --search: the GPU ({', '.join(_gpus())}); default a recipe's own")
+  p.add_argument("--write", metavar="FILE.yml", help="with --search: write the fastest as a recipe file")
+  p.add_argument("--top", type=int, help="with --search: how many layouts to print (8)")
   p.set_defaults(func=_plan)
+
+
+def _gpus() -> list[str]:
+  from maxtext_moe.config import hardware
+
+  return list(hardware.GPUS)

@@ -27,16 +27,21 @@ Multi-node NVLink (GB200/GB300 NVL72), where the layout puts one NVLink domain o
   Job per domain with JobSet's exclusive-topology annotation; an indexed Job (one domain only) a required
   pod affinity. The node rank of a pod is then its Job's index x nodes per domain + its completion index.
 RDMA NICs are asked for by the resource name the cluster's device plugin gives them (--rdma-resource).
+A recipe file (one `plan --search --write` wrote) travels as a ConfigMap mounted in every pod.
 """
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from maxtext_moe.cluster import placement, supervisor
 from maxtext_moe.errors import UserError
 
 COORDINATOR_PORT = 6123
 CHECKPOINT_MOUNT = "/checkpoints"
+RECIPE_MOUNT = "/etc/maxtext-moe/recipe"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "workers"
 JOB_LABEL = "maxtext-moe/job"
@@ -64,6 +69,7 @@ class Request:
   topology_key: str = "nvidia.com/gpu.clique"
   rdma_resource: str = ""  # "NAME=COUNT" per pod, e.g. "rdma/ib=4"; "" asks for none
   compute_domain: bool = True  # claim an IMEX channel of a ComputeDomain when nodes_per_domain > 1
+  recipe_text: str = ""  # a recipe file's text (a ConfigMap the pods mount); "" for a shipped recipe
 
   @property
   def domains(self) -> int:
@@ -104,10 +110,15 @@ def _env(req: Request, coordinator: str, env: dict[str, str]) -> list[dict[str, 
   return out
 
 
+def _recipe_in_pod(req: Request) -> str:
+  """The recipe as the pods name it: a shipped one by name, a file by its path in the mounted ConfigMap."""
+  return f"{RECIPE_MOUNT}/{Path(req.recipe).name}" if req.recipe_text else req.recipe
+
+
 def command(req: Request) -> list[str]:
   """The container's command: launch one process per GPU, each training the pinned run on `nodes` nodes."""
   run = ["launch", "--nproc-per-node", str(req.gpus_per_node), "--nnodes", str(req.nodes), "--"]
-  train = ["train", req.recipe, "--nodes", str(req.nodes), *req.overrides]
+  train = ["train", _recipe_in_pod(req), "--nodes", str(req.nodes), *req.overrides]
   if not any(o.startswith("run_name=") for o in req.overrides):
     train.append(f"run_name={req.run_name or req.name}")
   return ["maxtext-moe", *run, *train, f"base_output_directory={CHECKPOINT_MOUNT}"]
@@ -127,7 +138,8 @@ def _container(req: Request, coordinator: str, env: dict[str, str]) -> dict[str,
     "volumeMounts": [
       {"name": "dshm", "mountPath": "/dev/shm"},
       {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
-    ],
+    ]
+    + ([{"name": "recipe", "mountPath": RECIPE_MOUNT, "readOnly": True}] if req.recipe_text else []),
   }
 
 
@@ -138,7 +150,8 @@ def pod_spec(req: Request, coordinator: str, env: dict[str, str], *, subdomain: 
     "volumes": [
       {"name": "dshm", "emptyDir": {"medium": "Memory"}},
       {"name": "checkpoints", "persistentVolumeClaim": {"claimName": req.checkpoint_claim}},
-    ],
+    ]
+    + ([{"name": "recipe", "configMap": {"name": f"{req.name}-recipe"}}] if req.recipe_text else []),
   }
   if req.multi_node_nvlink and req.compute_domain:
     spec["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": _channel(req)}]
@@ -197,6 +210,15 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   _rdma(req)
   labels = {"app.kubernetes.io/name": "maxtext-moe", JOB_LABEL: req.name}
   domain = [compute_domain(req, labels)] if req.multi_node_nvlink and req.compute_domain else []
+  if req.recipe_text:  # a recipe file travels with the job, mounted read-only where the command names it
+    meta = {"name": f"{req.name}-recipe", "labels": labels}
+    config = {
+      "apiVersion": "v1",
+      "kind": "ConfigMap",
+      "metadata": meta,
+      "data": {Path(req.recipe).name: req.recipe_text},
+    }
+    domain = [config, *domain]
   if req.kind == "job":
     coordinator = f"{req.name}-0.{req.name}:{COORDINATOR_PORT}"  # indexed Job pods: NAME-INDEX
     pod = pod_spec(req, coordinator, env, subdomain=req.name)
@@ -240,6 +262,23 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   return [*domain, jobset]
 
 
+def _recipe_file(recipe: str) -> str:
+  """A recipe file's text for the pods ("" for a shipped recipe, which the image has). Its base_config
+  must name a file the image has too: `${moe_configs:...}` (ours) or `${maxtext_configs:...}`."""
+  from maxtext_moe.config.recipes import list_recipes  # pylint: disable=import-outside-toplevel
+
+  if recipe.removesuffix(".yml") in list_recipes():
+    return ""
+  text = Path(recipe).read_text(encoding="utf-8")
+  base = str((yaml.safe_load(text) or {}).get("base_config", ""))
+  if not base.startswith(("${moe_configs:", "${maxtext_configs:")):
+    raise UserError(
+      f"{recipe}: base_config {base or '(none)'} is a file of this machine, not of the image; name a shipped "
+      "recipe or base as ${moe_configs:recipes/HW/MODEL.yml} (the pods get this file in a ConfigMap)"
+    )
+  return text
+
+
 def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
   and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
@@ -258,5 +297,8 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
       f"{req.recipe} runs on this machine ('maxtext-moe train'); k8s takes a GPU recipe (maxtext-moe recipes)"
     )
   per_domain = max(int(layout.per_slice or layout.gpus_per_node) // layout.gpus_per_node, 1)
-  resolved = replace(req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain)
+  text = _recipe_file(req.recipe)
+  resolved = replace(
+    req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain, recipe_text=text
+  )
   return resolved, manifests(resolved, recipe.flags.full_env())

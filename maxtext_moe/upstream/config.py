@@ -82,6 +82,7 @@ def _asset_path(rel: str) -> str:
 
 _RESOLVERS = {
   "maxtext_configs": lambda rel: str(maxtext_configs_dir() / rel),
+  "moe_configs": lambda rel: str(configs_dir() / rel),
   "maxtext_assets": _asset_path,
   "moe_corpus": lambda name: str(corpus.corpus_path(name)),
   "moe_sft_example": lambda part: arithmetic.example_path(part),
@@ -90,6 +91,7 @@ _RESOLVERS = {
 
 def install_resolvers() -> None:
   """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (a file in the installed maxtext's configs),
+  `${moe_configs:base.yml}` (one in ours: a recipe file anywhere names our base or a shipped recipe so),
   `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
   offline corpus parquet) and `${moe_sft_example:train|eval|tokenizer}` (the SFT example's files), both
   built and cached on first use."""

@@ -4,8 +4,9 @@ MaxText lays a multi-slice job out with `mesh_utils.create_hybrid_device_mesh`, 
 by their `slice_index`: on a GPU cluster JAX sets it from the NVLink fabric (one per NVL72 rack) or the
 host. CPU devices all report slice 0, so a job of several CPU processes as several "nodes" (`nodes=N` on
 CPU: our tests of the node-count path) would fail there ("Number of slices 1 must equal the product of
-dcn_mesh_shape"). For CPU devices, and only those, the processes are the granules (`process_is_granule=True`): each process's devices are one slice laid out
-by the ICI degrees, the processes by the DCN degrees. Everything else goes to MaxText's own function.
+dcn_mesh_shape"). For CPU devices, and only those, the processes are the granules
+(`process_is_granule=True`): each process's devices are one slice laid out by the ICI degrees, the
+processes by the DCN degrees. Everything else goes to MaxText's own function.
 """
 
 from typing import Any

@@ -18,7 +18,7 @@ from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.errors import UserError
 
 
-def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Path | None:
+def maxtext_finds(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Path | None:
   """Where MaxText finds the model YAML: next to the config, one directory up, then in its package's
   configs directory (`maxtext_configs`)."""
   if model_name in ("", "default"):
@@ -30,6 +30,28 @@ def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Pat
     if candidate.is_file():
       return candidate
   return None
+
+
+def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Path | None:
+  """The model YAML a config means: what MaxText finds next to it, else ours (configs/models) before
+  MaxText's package's own. A recipe file outside configs/ (one `plan --search --write` wrote, or a user's
+  with `base_config: ${moe_configs:...}`) so trains our deepseek3-proxy-16b, which MaxText has no file for,
+  and our qwen3-30b-a3b, not MaxText's file of that name."""
+  found = maxtext_finds(config_path, model_name, maxtext_configs)
+  ours = configs_dir() / "models" / f"{model_name.replace('-Instruct', '')}.yml"
+  if model_name not in ("", "default") and ours.is_file():
+    if found is None or found.resolve().is_relative_to(maxtext_configs.resolve()):
+      return ours
+  return found
+
+
+def unseen(config_path: str | Path, model_name: str, maxtext_configs: Path) -> list[str]:
+  """Our model YAML's keys as key=value when MaxText would not read it (`path`), else []: passed ahead of
+  the recipe's own, with override_model_config=true."""
+  found = path(config_path, model_name, maxtext_configs)
+  if found is None or found == maxtext_finds(config_path, model_name, maxtext_configs):
+    return []
+  return model_file.as_overrides(omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(found), resolve=True))
 
 
 def _container(value: Any) -> Any:
@@ -75,6 +97,7 @@ def recipe_over_model(
   files = [omegaconf.OmegaConf.load(c) for c in reversed(own)]
   merged = omegaconf.OmegaConf.merge({}, *({k: v for k, v in f.items() if k != "base_config"} for f in files))
   wins = recipe_wins(config_path, merged, model_name, maxtext_configs)
-  if wins:
+  hidden = unseen(config_path, model_name, maxtext_configs)
+  if wins or hidden:
     refuse_user_overrides(config_path, overrides, model_name, maxtext_configs)
-  return wins
+  return [*hidden, *wins]

@@ -1,0 +1,121 @@
+"""`plan MODEL --gpu GPU --nodes N --search [--write FILE.yml]`: the candidate layouts of a cluster, the
+ranking, the refusals, and a written recipe that every command takes; and recipe files outside configs/
+(`base_config: ${moe_configs:...}`), which find our model files as the shipped recipes do."""
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from maxtext_moe.config import hardware
+from maxtext_moe.config.recipes import recipe_path
+from maxtext_moe.errors import UserError
+from maxtext_moe.planner import search
+
+
+def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():
+  found = search.layouts(hardware.GPUS["h100"], 2, 128)
+  assert {(c.ep, c.fsdp) for c in found} == {(1, 8), (2, 4), (4, 2), (8, 1)}
+  assert {(c.dcn_fsdp, c.dcn_data) for c in found} == {(1, 2), (2, 1)}
+  assert {c.remat for c in found} == set(search.REMATS) and len(found) == 4 * 2 * len(search.REMATS)
+
+
+def test_nvl72_candidates_fill_a_rack_with_whole_nodes():
+  gb200 = hardware.GPUS["gb200"]
+  racks = search.layouts(gb200, 32, 256)  # 16 trays of a rack (72 GPUs: 18 trays do not divide 32 nodes)
+  assert {c.ep * c.fsdp for c in racks} == {64} and {(c.dcn_fsdp, c.dcn_data) for c in racks} == {(1, 2), (2, 1)}
+  small = search.layouts(gb200, 4, 256)  # 4 trays: one NVLink domain of 16 GPUs
+  assert {c.ep * c.fsdp for c in small} == {16} and {(c.dcn_fsdp, c.dcn_data) for c in small} == {(1, 1)}
+  assert {c.ep for c in search.layouts(gb200, 4, 6)} == {1, 2}, "EP divides the experts"
+
+
+@pytest.mark.parametrize(
+  ("model", "gpu", "expected"),
+  [
+    ("qwen3-30b-a3b", "a100", "unknown GPU 'a100'; the planner knows h100, h200"),
+    ("llama-7b", "h100", "unknown model 'llama-7b': give a recipe (maxtext-moe recipes), a model of configs/models"),
+    ("qwen3-30b-a3b", None, "--search for the model qwen3-30b-a3b needs --gpu GPU"),
+  ],
+)
+def test_unknown_models_and_gpus_are_one_line(model, gpu, expected):
+  with pytest.raises(UserError, match=expected):
+    search.base_of(model, gpu, 1, [])
+
+
+def test_a_recipe_file_outside_configs_finds_our_model_and_resolves_as_the_shipped_one(upstream_config, tmp_path):
+  """A recipe file anywhere names a shipped recipe by `${moe_configs:...}`; MaxText would not find our
+  deepseek3-proxy-16b model file from there (it has none of that name): ours is read all the same, and the
+  file resolves to the shipped recipe's whole config but for the keys it sets."""
+  shipped = upstream_config.resolve(recipe_path("h100x8/deepseek3-proxy-16b"), ["nodes=2"])
+  mine = tmp_path / "proxy.yml"
+  mine.write_text("base_config: ${moe_configs:recipes/h100x8/deepseek3-proxy-16b.yml}\nnodes: 2\n")
+  theirs = upstream_config.resolve(mine, [])
+  paths = {"base_config", "run_name", "tensorboard_dir", "checkpoint_dir", "metrics_dir", "metrics_file"}
+  a, b = shipped.model_dump(mode="json"), theirs.model_dump(mode="json")
+  differ = {k for k in a if a[k] != b[k] and k not in paths and "dir" not in k}
+  assert differ == set(), {k: (a[k], b[k]) for k in differ}
+  assert (theirs.num_experts, theirs.base_emb_dim, theirs.recipe_num_devices) == (64, 2048, 16)
+
+
+def test_a_model_name_with_no_file_anywhere_is_not_ours_to_fill(upstream_config, tmp_path):
+  mine = tmp_path / "mine.yml"
+  mine.write_text("base_config: ${moe_configs:recipes/cpu/deepseek3-tiny.yml}\nmodel_name: default\n")
+  assert upstream_config.layer_keys(mine, []).recipe_over_model == []
+
+
+@pytest.mark.ci
+def test_search_writes_a_recipe_every_command_takes(tmp_path):
+  """The whole path on the tiny model as if on one H100 node: the table and JSON, the fastest written as a
+  recipe file whose layout is the first row's, which `config`, `plan --time` and `k8s` then take, and the
+  same file on 2 nodes (its -1 cross-node axis)."""
+  out = tmp_path / "tiny.yml"
+  args = ["plan", "deepseek3-tiny", "--gpu", "h100", "--nodes", "1", "--search", "--write", str(out), "--json"]
+  r = run_cli(args, cwd=tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout)
+  first = result["layouts"][0]
+  rates = [row["tokens_per_s_per_gpu"] for row in result["layouts"]]
+  assert rates == sorted(rates, reverse=True) and result["written"] == str(out)
+  assert "EP x FSDP per domain" in r.stderr, "the table goes to stderr with --json"
+  keys = yaml.safe_load(out.read_text())
+  assert keys["base_config"] == "${moe_configs:base.yml}" and keys["model_name"] == "deepseek3-tiny"
+  assert (keys["ici_expert_parallelism"], keys["ici_fsdp_parallelism"]) == (first["ep"], first["fsdp_per_domain"])
+  assert (keys["per_device_batch_size"], keys["nodes"], keys["dcn_data_parallelism"]) == (
+    first["per_device_batch_size"],
+    1,
+    -1,
+  )
+  plan = run_cli(["plan", str(out), "--time", "--json"], cwd=tmp_path)
+  assert plan.returncode == 0, plan.stderr[-2000:]
+  timed = json.loads(plan.stdout)["time"]
+  assert timed["tokens_per_s_per_gpu"] == pytest.approx(first["tokens_per_s_per_gpu"], rel=1e-3)
+  two = run_cli(["config", str(out), "--nodes", "2"], cwd=tmp_path)
+  assert two.returncode == 0 and "recipe_num_devices: 16" in two.stdout, two.stderr[-2000:]
+  k8s = run_cli(["k8s", str(out), "--nodes", "2", "--image", "reg/x:1", "--name", "tiny"], cwd=tmp_path)
+  assert k8s.returncode == 0, k8s.stderr[-2000:]
+  config_map, jobset = yaml.safe_load_all(k8s.stdout)
+  kubernetes_validate.validate(config_map, "1.33.0", strict=True)
+  assert config_map["data"] == {"tiny.yml": out.read_text()}, "the pods get the file as written"
+  pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+  assert pod["containers"][0]["command"][8:11] == ["train", "/etc/maxtext-moe/recipe/tiny.yml", "--nodes"]
+  assert {"name": "recipe", "configMap": {"name": "tiny-recipe"}} in pod["volumes"]
+  bad = run_cli([*args[:-3], "--write", str(tmp_path / "no" / "x.yml")], cwd=tmp_path)
+  assert bad.returncode == 2 and "the folder" in bad.stderr and not (tmp_path / "no").exists()
+
+
+def test_k8s_refuses_a_recipe_file_whose_base_the_image_lacks(tmp_path):
+  from maxtext_moe.cluster import k8s
+
+  mine = tmp_path / "mine.yml"
+  mine.write_text(f"base_config: {REPO / 'configs' / 'recipes' / 'h100x8' / 'deepseek3-proxy-16b.yml'}\n")
+  with pytest.raises(UserError, match="is a file of this machine, not of the image; name a shipped recipe"):
+    k8s.for_recipe(k8s.Request("mine", str(mine), [], -1, "reg/x:1"))
+
+
+def test_search_refusals_through_the_cli(tmp_path):
+  r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "a100", "--search"], cwd=REPO)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: unknown GPU 'a100'")
+  r = run_cli(["plan", "h100x8/deepseek3-proxy-16b", "--gpu", "h100"], cwd=REPO)
+  assert r.returncode == 2 and "--gpu, --write and --top belong to --search" in r.stderr
