@@ -28,6 +28,7 @@ SNAPSHOT = (
   "max_nonfinite_skips",
   "checkpoint_integrity",
   "run_lock_wait_s",
+  "vocab_from_tokenizer",
   "checkpoint_fallback",
   "fault_nan_loss_steps",
   "moe_load_every",

@@ -34,11 +34,16 @@ def _data(ns: argparse.Namespace, out: IO[str]) -> int:
     shutil.copytree(arithmetic.example_dir(), dest)
     print(f"{dest}: train.jsonl, eval.jsonl, tokenizer/ (the cpu/deepseek3-tiny-sft example)", file=out)
     return 0
+  from maxtext_moe.data import text  # pylint: disable=import-outside-toplevel
   from maxtext_moe.sft import prepare as sft_data  # pylint: disable=import-outside-toplevel
 
   if ns.rows < 1:
     raise UserError(f"--rows must be at least 1, got {ns.rows}")
-  sft_data.show(_resolved(ns, "data show", weights=False), rows=ns.rows, out=out)
+  cfg = _resolved(ns, "data show", weights=False)
+  if sft_data.applies(cfg) or cfg.use_sft:
+    sft_data.show(cfg, rows=ns.rows, out=out)
+  else:  # pretraining text: the rows MaxText's grain pipeline packs
+    text.show(cfg, rows=ns.rows, out=out)
   return 0
 
 
@@ -59,12 +64,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p = sub.add_parser(
     "data",
     parents=[common],
-    help="show SFT data as the model sees it, or write the embedded SFT example",
-    epilog="Example: maxtext-moe data show cpu/deepseek3-tiny-sft --rows 2",
-    description="show: check every conversation of the recipe's training files (as train does) and print "
-    "the first rows of the first batch MaxText's SFT pipeline builds from them (chat template, packing), "
-    "the tokens that carry loss between [[ and ]]. example: copy the embedded SFT example (two-digit "
-    "addition conversations, train and held-out splits, a character-level chat tokenizer) to --out.",
+    help="show training data (SFT or pretraining text) as the model sees it, or write the SFT example",
+    epilog="Examples: maxtext-moe data show cpu/deepseek3-tiny-sft --rows 2; maxtext-moe data show "
+    "cpu/deepseek3-tiny grain_train_files=corpus.jsonl tokenizer_type=huggingface tokenizer_path=TOK "
+    "vocab_from_tokenizer=true",
+    description="show: check every row of the recipe's training files (as train does) and print the first "
+    "rows of the first batch MaxText's grain pipeline builds from them. SFT conversations: the chat "
+    "template and packing, the tokens that carry loss between [[ and ]]. Pretraining text (one text column "
+    "of JSONL or Parquet): each packed row's documents, decoded. example: copy the embedded SFT example "
+    "(two-digit addition conversations, train and held-out splits, a character-level chat tokenizer) to --out.",
   )
   p.add_argument("action", choices=["show", "example"])
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")

@@ -194,6 +194,12 @@ class PluginKeys(BaseModel):
     "does not leave it stuck). 0: a second run with the same run_name refuses at once, naming the holder; "
     "N: it waits up to N seconds for the first to end.",
   )
+  vocab_from_tokenizer: bool = Field(
+    False,
+    description="Pretraining from scratch on your own tokenizer: vocab_size becomes the Hugging Face tokenizer's "
+    "length (tokenizer_path) rounded up to a multiple of 128, instead of the model file's. Off, a tokenizer "
+    "larger than vocab_size is refused before training.",
+  )
   checkpoint_fallback: bool = Field(
     True,
     description="When the newest checkpoint of a run cannot be read, resume from the newest one that can "

@@ -131,6 +131,7 @@ def train(
   import jax
   from absl import logging as absl_logging
 
+  from maxtext_moe.data import text
   from maxtext_moe.launch import environment
   from maxtext_moe.sft import prepare as sft
   from maxtext_moe.upstream import recipe as recipes
@@ -152,6 +153,7 @@ def train(
   if check_only:
     return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}
   cfg = sft.prepare(absolute_checkpoint_paths(cfg), lead=jax.process_index() == 0)
+  cfg = text.prepare(cfg)  # your own corpus: rows checked, JSONL staged as Parquet, the vocabulary checked
   recorder = _start_run(cfg, recipe, applied, job, out)
   return _run(cfg, recipe, recorder, distributed=job is not None)
 

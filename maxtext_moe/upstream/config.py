@@ -29,7 +29,7 @@ from maxtext_moe.config import checks, layers, model_file, nodes, offload
 from maxtext_moe.config.keys import PluginKeys
 from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
-from maxtext_moe.data import arithmetic, corpus
+from maxtext_moe.data import arithmetic, corpus, text
 from maxtext_moe.errors import UserError
 from maxtext_moe.upstream import model_yaml
 from maxtext_moe.upstream.patches import Patch, installed
@@ -127,6 +127,7 @@ _LAYER_PLUGIN_KEYS = (
   "recipe_num_devices",
   "nodes",
   "gpus_per_node",
+  "vocab_from_tokenizer",
   "flag_profile",
   "xla_flags_extra",
   "env_extra",
@@ -175,6 +176,22 @@ def node_layout(cfg: omegaconf.DictConfig, plugin: PluginKeys) -> nodes.NodeLayo
   )
 
 
+def _vocab_from_tokenizer(cfg: omegaconf.DictConfig, plugin: PluginKeys, overrides: list[str]) -> list[str]:
+  """`vocab_size=N` from the Hugging Face tokenizer when vocab_from_tokenizer is set (N: its length rounded
+  up to 128, `data.text.vocab_for`), else []."""
+  if not plugin.vocab_from_tokenizer:
+    return []
+  if any(o.startswith("vocab_size=") for o in overrides):
+    raise UserError("vocab_from_tokenizer=true sizes the vocabulary from the tokenizer: drop vocab_size=")
+  if _layer_value(cfg, "finetune") or _layer_value(cfg, "load_parameters_path"):
+    raise UserError(
+      "vocab_from_tokenizer=true is for training from scratch: a checkpoint's vocabulary is its own; drop it"
+    )
+  if str(_layer_value(cfg, "tokenizer_type")) != "huggingface":
+    raise UserError("vocab_from_tokenizer=true reads a Hugging Face tokenizer: set tokenizer_type=huggingface")
+  return [f"vocab_size={text.vocab_for(text.tokenizer_size(str(_layer_value(cfg, 'tokenizer_path'))))}"]
+
+
 def _refuse_derived(overrides: list[str]) -> None:
   """A key MaxText derives (emb_dim from base_emb_dim and global_parameter_scale, ...) would be silently
   overwritten: say which key to set instead."""
@@ -217,7 +234,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
     recipe_over_model = model_yaml.recipe_over_model(
       config_path, str(raw["model_name"] or "default"), overrides, maxtext_configs_dir()
-    )
+    ) + _vocab_from_tokenizer(merged, plugin, overrides)
     values = {k: _layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
     values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
     layout = node_layout(merged, plugin)

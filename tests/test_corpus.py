@@ -1,0 +1,125 @@
+"""Pretraining on your own corpus: a JSONL text file and a Hugging Face tokenizer directory (made here by the
+`tokenizers` library), through the documented keys; the vocabulary sized from the tokenizer; bad rows,
+columns and tokenizers refused in one line; `data show` for pretraining rows; a real run on CPU."""
+
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_cli
+from maxtext_moe.config.recipes import recipe_path
+from maxtext_moe.data import text
+from maxtext_moe.errors import UserError
+
+WORDS = "the a expert router token layer gradient batch node rack model weight loss step data text".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """(a JSONL corpus of 400 documents, a 300-token byte-level BPE tokenizer trained on it)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  root = tmp_path_factory.mktemp("corpus")
+  rng = random.Random(0)
+  texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))) + "." for _ in range(400)]
+  with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
+    for t in texts:
+      f.write(json.dumps({"text": t, "source": "test"}) + "\n")
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  specials = ["<pad>", "<unk>", "<s>", "</s>"]
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  tok.train_from_iterator(
+    texts, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=alphabet)
+  )
+  hf = PreTrainedTokenizerFast(
+    tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+  )
+  hf.save_pretrained(str(root / "tokenizer"))
+  return root / "corpus.jsonl", root / "tokenizer"
+
+
+def _keys(corpus) -> list[str]:
+  data, tokenizer = corpus
+  return [
+    f"grain_train_files={data}",
+    "tokenizer_type=huggingface",
+    f"tokenizer_path={tokenizer}",
+    "vocab_from_tokenizer=true",
+  ]
+
+
+def test_vocab_size_comes_from_the_tokenizer(corpus, upstream_config):
+  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
+  assert text.tokenizer_size(str(corpus[1])) == 300 and cfg.vocab_size == 384 == text.vocab_for(300)
+  with pytest.raises(UserError, match="vocab_from_tokenizer=true sizes the vocabulary from the tokenizer"):
+    upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus), "vocab_size=512"])
+  with pytest.raises(UserError, match="is for training from scratch"):
+    upstream_config.resolve(recipe_path("cpu/deepseek3-tiny-finetune"), _keys(corpus))
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(corpus, upstream_config):
+  keys = [k for k in _keys(corpus) if not k.startswith("vocab_from")] + ["vocab_size=256", "override_model_config=true"]
+  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
+  with pytest.raises(UserError, match="has 300 tokens but the model's vocab_size is 256: .*vocab_from_tokenizer=true"):
+    text.check_vocab(cfg)
+
+
+def test_jsonl_is_staged_as_parquet_once_with_every_row_kept(corpus, upstream_config):
+  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
+  ready = text.prepare(cfg)
+  assert ready.grain_file_type == "parquet" and ready.grain_train_files.endswith("*.parquet")
+  (staged,) = __import__("glob").glob(ready.grain_train_files)
+  rows = [json.loads(line)["text"] for line in corpus[0].read_text().splitlines()]
+  assert pq.read_table(staged).column("text").to_pylist() == rows, "every document, in order, text only"
+  assert text.prepare(cfg).grain_train_files == ready.grain_train_files, "staged once"
+
+
+@pytest.mark.parametrize(
+  ("content", "expected"),
+  [
+    ('{"text": "fine"}\n{"text": 3}\n', r"corpus.jsonl line 2: 'text' is int, not a string"),
+    ('{"body": "x"}\n', r"corpus.jsonl line 1: no 'text' field \(has: body\); each line needs a 'text' string"),
+    ("not json\n", r"corpus.jsonl line 1: not valid JSON"),
+  ],
+)
+def test_bad_rows_are_one_line_naming_the_file_and_line(content, expected, corpus, upstream_config, tmp_path):
+  bad = tmp_path / "corpus.jsonl"
+  bad.write_text(content)
+  keys = [*_keys(corpus)[1:], f"grain_train_files={bad}"]
+  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
+  with pytest.raises(UserError, match=expected):
+    text.prepare(cfg)
+
+
+def test_a_parquet_column_of_the_wrong_name_or_kind_is_refused(corpus, upstream_config, tmp_path):
+  wrong = tmp_path / "ids.parquet"
+  pq.write_table(pa.table({"text": pa.array([[1, 2, 3]], type=pa.list_(pa.int32()))}), wrong)
+  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}"])
+  with pytest.raises(UserError, match="column 'text' holds list<element: int32>, not text; for token ids set tokenize_train_data=false"):
+    text.prepare(cfg)
+  cfg = upstream_config.resolve(
+    recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}", "train_data_columns=[body]"]
+  )
+  with pytest.raises(UserError, match="has no 'body' column \\(columns: text\\); set train_data_columns"):
+    text.prepare(cfg)
+
+
+@pytest.mark.slow
+def test_pretraining_from_a_text_file_and_a_tokenizer_directory(corpus, tmp_path):
+  """The documented path end to end on CPU: `data show` packs the corpus's rows with the tokenizer, and
+  `train` trains on them (the loss falls from about ln 384)."""
+  show = run_cli(["data", "show", "cpu/deepseek3-tiny", *_keys(corpus), "--rows", "2"], cwd=tmp_path)
+  assert show.returncode == 0, show.stderr[-3000:]
+  lines = show.stdout.splitlines()
+  assert lines[0].startswith(f"{corpus[0]}: 400 documents read; the first rows of the first batch")
+  assert lines[1].startswith("row 0: ") and "<s>" in lines[2] and any(w in lines[2] for w in WORDS)
+  r = run_cli(["train", *_keys(corpus), "steps=4", "progress=plain", "run_name=own"], cwd=tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  losses = [json.loads(x)["loss"] for x in (tmp_path / "runs" / "own" / "metrics.jsonl").read_text().splitlines()]
+  assert len(losses) == 4 and losses[0] < 8 and losses[-1] < losses[0], losses
