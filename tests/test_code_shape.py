@@ -29,6 +29,7 @@ LAYERS = {
   "checkpoint": 5,
   "planner": 5,
   "sft": 5,
+  "pretrain": 5,
   "runlog": 5,
   "cluster": 6,
   "launch": 7,

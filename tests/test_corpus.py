@@ -11,8 +11,9 @@ import pytest
 
 from conftest import run_cli
 from maxtext_moe.config.recipes import recipe_path
-from maxtext_moe.data import text
+from maxtext_moe.data.text import tokenizer_size, vocab_for
 from maxtext_moe.errors import UserError
+from maxtext_moe.pretrain import text
 
 WORDS = "the a expert router token layer gradient batch node rack model weight loss step data text".split()
 
@@ -56,7 +57,7 @@ def _keys(corpus) -> list[str]:
 
 def test_vocab_size_comes_from_the_tokenizer(corpus, upstream_config):
   cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
-  assert text.tokenizer_size(str(corpus[1])) == 300 and cfg.vocab_size == 384 == text.vocab_for(300)
+  assert tokenizer_size(str(corpus[1])) == 300 and cfg.vocab_size == 384 == vocab_for(300)
   with pytest.raises(UserError, match="vocab_from_tokenizer=true sizes the vocabulary from the tokenizer"):
     upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus), "vocab_size=512"])
   with pytest.raises(UserError, match="is for training from scratch"):
@@ -101,7 +102,9 @@ def test_a_parquet_column_of_the_wrong_name_or_kind_is_refused(corpus, upstream_
   wrong = tmp_path / "ids.parquet"
   pq.write_table(pa.table({"text": pa.array([[1, 2, 3]], type=pa.list_(pa.int32()))}), wrong)
   cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}"])
-  with pytest.raises(UserError, match="column 'text' holds list<element: int32>, not text; for token ids set tokenize_train_data=false"):
+  with pytest.raises(
+    UserError, match="column 'text' holds list<element: int32>, not text; for token ids set tokenize_train_data=false"
+  ):
     text.prepare(cfg)
   cfg = upstream_config.resolve(
     recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}", "train_data_columns=[body]"]

@@ -34,7 +34,7 @@ def _data(ns: argparse.Namespace, out: IO[str]) -> int:
     shutil.copytree(arithmetic.example_dir(), dest)
     print(f"{dest}: train.jsonl, eval.jsonl, tokenizer/ (the cpu/deepseek3-tiny-sft example)", file=out)
     return 0
-  from maxtext_moe.data import text  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.pretrain import text  # pylint: disable=import-outside-toplevel
   from maxtext_moe.sft import prepare as sft_data  # pylint: disable=import-outside-toplevel
 
   if ns.rows < 1:

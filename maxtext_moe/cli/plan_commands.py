@@ -75,12 +75,23 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.write:
     command = shlex.join(["maxtext-moe", *sys.argv[1:]]) if sys.argv[1:2] == ["plan"] else "maxtext-moe plan --search"
     text = search.recipe_text(base, found[0], command=command, hbm_gib=ctx.hbm_gib)
-    search.write(Path(ns.write), text)
+    _write_recipe(Path(ns.write), text)
     result["written"] = str(Path(ns.write).resolve())
   emit(search.table(found, top=top, title=title), result, as_json=ns.json, out=out, width=200)
   if ns.write and not ns.json:
     print(f"wrote the first as a recipe: {ns.write} (maxtext-moe compile {ns.write} checks it)", file=out)
   return 0
+
+
+def _write_recipe(path, text: str) -> None:
+  """Writes the recipe whole or not at all (a temporary file renamed into place)."""
+  if path.suffix != ".yml":
+    raise UserError(f"--write {path}: a recipe file ends in .yml (MaxText's rule)")
+  if not path.parent.is_dir():
+    raise UserError(f"--write {path}: the folder {path.parent} does not exist")
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_text(text, encoding="utf-8")
+  tmp.replace(path)
 
 
 def _compile_report(path: str) -> dict:

@@ -2,10 +2,8 @@
 
 One pod per node, each running `maxtext-moe launch --nproc-per-node G --nnodes N -- train RECIPE --nodes N
 ... run_name=RUN` (one process per GPU). Kubernetes sets JOB_COMPLETION_INDEX (the node rank) in an indexed
-Job, and so in each of a JobSet's Jobs; the manifest sets the node count, the coordinator (pod 0's stable DNS
-name under the headless service) and the recipe's flag environment. The node count is the recipe's `nodes`
-unless --nodes says otherwise, and is checked against the recipe's layout (`config.nodes`) here, not on the
-cluster.
+Job, and so in each of a JobSet's Jobs; the manifest sets the node count (the recipe's, or --nodes: checked
+against its layout here, not on the cluster), the coordinator (pod 0's DNS name) and the flag environment.
 
 The run name is pinned (the user's `run_name`, else the job's name), so every start of these pods, a JobSet
 restart or the same manifest applied again, continues the run from its last checkpoint under
@@ -14,10 +12,9 @@ restart or the same manifest applied again, continues the run from its last chec
 Two kinds:
 - `jobset` (default): a JobSet (jobset.x-k8s.io/v1alpha2). JobSet creates the headless service (named after
   the JobSet) and restarts the whole gang on a failure, up to --max-restarts times.
-- `job`: an indexed Job plus a headless Service, for clusters without the JobSet controller; a failed
-  pod fails the Job (pod failures are not retried one by one: the others could not continue without it).
-Checkpoints go to a PersistentVolumeClaim mounted at /checkpoints; /dev/shm is a memory-backed volume (NCCL
-and XLA use shared memory between a node's processes).
+- `job`: an indexed Job plus a headless Service, for clusters without JobSet; a failed pod fails the Job
+  (not retried one by one: the others could not continue without it).
+Checkpoints go to a PersistentVolumeClaim at /checkpoints; /dev/shm is memory-backed (NCCL and XLA use it).
 
 Multi-node NVLink (GB200/GB300 NVL72), where the layout puts one NVLink domain over several nodes:
 - a ComputeDomain (resource.nvidia.com/v1beta1, NVIDIA's DRA driver for GPUs) whose IMEX channel every pod
@@ -34,9 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from maxtext_moe.cluster import placement, supervisor
+from maxtext_moe.config.recipes import portable_text
 from maxtext_moe.errors import UserError
 
 COORDINATOR_PORT = 6123
@@ -262,23 +258,6 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   return [*domain, jobset]
 
 
-def _recipe_file(recipe: str) -> str:
-  """A recipe file's text for the pods ("" for a shipped recipe, which the image has). Its base_config
-  must name a file the image has too: `${moe_configs:...}` (ours) or `${maxtext_configs:...}`."""
-  from maxtext_moe.config.recipes import list_recipes  # pylint: disable=import-outside-toplevel
-
-  if recipe.removesuffix(".yml") in list_recipes():
-    return ""
-  text = Path(recipe).read_text(encoding="utf-8")
-  base = str((yaml.safe_load(text) or {}).get("base_config", ""))
-  if not base.startswith(("${moe_configs:", "${maxtext_configs:")):
-    raise UserError(
-      f"{recipe}: base_config {base or '(none)'} is a file of this machine, not of the image; name a shipped "
-      "recipe or base as ${moe_configs:recipes/HW/MODEL.yml} (the pods get this file in a ConfigMap)"
-    )
-  return text
-
-
 def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
   and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
@@ -297,7 +276,7 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
       f"{req.recipe} runs on this machine ('maxtext-moe train'); k8s takes a GPU recipe (maxtext-moe recipes)"
     )
   per_domain = max(int(layout.per_slice or layout.gpus_per_node) // layout.gpus_per_node, 1)
-  text = _recipe_file(req.recipe)
+  text = portable_text(req.recipe)
   resolved = replace(
     req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain, recipe_text=text
   )

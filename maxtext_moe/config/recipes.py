@@ -47,3 +47,21 @@ def recipe_path(name: str) -> Path:
   near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
   hint = f"did you mean '{near[0]}'?" if near else "run 'maxtext-moe recipes' to list them"
   raise UserError(f"unknown recipe '{name}'; {hint}")
+
+
+def portable_text(recipe: str) -> str:
+  """A recipe file's text, for a job that runs it elsewhere (a Kubernetes ConfigMap), or "" for a shipped
+  recipe (the image has it). Its base_config must name a file the image has too: `${moe_configs:...}`
+  (ours) or `${maxtext_configs:...}`."""
+  import yaml  # pylint: disable=import-outside-toplevel
+
+  if recipe.removesuffix(".yml") in list_recipes():
+    return ""
+  text = Path(recipe).read_text(encoding="utf-8")
+  base = str((yaml.safe_load(text) or {}).get("base_config", ""))
+  if not base.startswith(("${moe_configs:", "${maxtext_configs:")):
+    raise UserError(
+      f"{recipe}: base_config {base or '(none)'} is a file of this machine, not of the image; name a shipped "
+      "recipe or base as ${moe_configs:recipes/HW/MODEL.yml} (the pods get this file in a ConfigMap)"
+    )
+  return text

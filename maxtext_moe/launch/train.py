@@ -131,8 +131,8 @@ def train(
   import jax
   from absl import logging as absl_logging
 
-  from maxtext_moe.data import text
   from maxtext_moe.launch import environment
+  from maxtext_moe.pretrain import text
   from maxtext_moe.sft import prepare as sft
   from maxtext_moe.upstream import recipe as recipes
 

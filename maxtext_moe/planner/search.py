@@ -90,7 +90,7 @@ class Layout:
 
   def keys(self) -> dict[str, Any]:
     """The layout as YAML keys (what --write puts in the recipe)."""
-    return {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in self.overrides())}
+    return _keys(self.overrides())
 
   def gives_up(self) -> str:
     out = [GIVES_UP[self.remat]]
@@ -107,6 +107,10 @@ def _model_yaml(path: Path) -> bool:
   except (OSError, yaml.YAMLError):
     return False
   return isinstance(data, dict) and "base_config" not in data and "model_name" in data
+
+
+def _keys(overrides: list[str]) -> dict[str, Any]:
+  return {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in overrides)}
 
 
 def base_of(model: str, gpu: str | None, nodes: int, overrides: list[str]) -> Base:
@@ -140,10 +144,6 @@ def base_of(model: str, gpu: str | None, nodes: int, overrides: list[str]) -> Ba
       f"({', '.join(models)}) or a model YAML file (convert hf-to-maxtext writes one)"
     )
   return Base(_template_file(keys), sized, keys, model)
-
-
-def _keys(overrides: list[str]) -> dict[str, Any]:
-  return {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in overrides)}
 
 
 _TEMPLATES = tempfile.TemporaryDirectory(prefix="maxtext-moe-search-")
@@ -292,14 +292,3 @@ def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | Non
   keys = {**base.keys, **over, "nodes": nodes, **chosen.layout.keys(), **cross}
   body = yaml.safe_dump(keys, sort_keys=False, default_flow_style=False, width=120)
   return "".join(f"# {line}\n" for line in header) + body
-
-
-def write(path: Path, text: str) -> None:
-  """Writes the recipe whole or not at all (a temporary file renamed into place)."""
-  if path.suffix != ".yml":
-    raise UserError(f"--write {path}: a recipe file ends in .yml (MaxText's rule)")
-  if not path.parent.is_dir():
-    raise UserError(f"--write {path}: the folder {path.parent} does not exist")
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(text, encoding="utf-8")
-  tmp.replace(path)

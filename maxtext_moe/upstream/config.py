@@ -27,11 +27,12 @@ from maxtext.utils import max_utils
 
 from maxtext_moe.config import checks, layers, model_file, nodes, offload
 from maxtext_moe.config.keys import PluginKeys
-from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism
+from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
-from maxtext_moe.data import arithmetic, corpus, text
+from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
 from maxtext_moe.upstream import model_yaml
+from maxtext_moe.upstream.derived import layer_value, node_layout, vocab_from_tokenizer
 from maxtext_moe.upstream.patches import Patch, installed
 
 
@@ -142,56 +143,6 @@ MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compil
 MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1}
 
 
-def _layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
-  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
-  value = cfg.get(key)
-  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
-    return omegaconf.OmegaConf.to_container(value, resolve=True)
-  return None if isinstance(value, str) and value.lower() == "none" else value
-
-
-def _degrees(cfg: omegaconf.DictConfig, prefix: str) -> dict[str, int]:
-  """{axis: degree} of the merged layers' `<prefix><axis>_parallelism` keys."""
-  out = {}
-  for key in cfg:
-    axis = str(key)[len(prefix) : -len(SUFFIX)]
-    if str(key).startswith(prefix) and str(key).endswith(SUFFIX) and axis:
-      value = _layer_value(cfg, str(key))
-      if isinstance(value, int) and not isinstance(value, bool):
-        out[axis] = value
-  return out
-
-
-def node_layout(cfg: omegaconf.DictConfig, plugin: PluginKeys) -> nodes.NodeLayout:
-  """The job the merged layers and overrides describe on their `nodes` (`config.nodes.scale`)."""
-  slices = _layer_value(cfg, "num_slices")
-  return nodes.scale(
-    plugin.recipe_hardware,
-    nodes=plugin.nodes,
-    ici=_degrees(cfg, ICI),
-    dcn=_degrees(cfg, DCN),
-    recipe_devices=plugin.recipe_num_devices,
-    num_slices=int(slices) if isinstance(slices, int) else -1,
-    gpus_per_node_override=plugin.gpus_per_node,
-  )
-
-
-def _vocab_from_tokenizer(cfg: omegaconf.DictConfig, plugin: PluginKeys, overrides: list[str]) -> list[str]:
-  """`vocab_size=N` from the Hugging Face tokenizer when vocab_from_tokenizer is set (N: its length rounded
-  up to 128, `data.text.vocab_for`), else []."""
-  if not plugin.vocab_from_tokenizer:
-    return []
-  if any(o.startswith("vocab_size=") for o in overrides):
-    raise UserError("vocab_from_tokenizer=true sizes the vocabulary from the tokenizer: drop vocab_size=")
-  if _layer_value(cfg, "finetune") or _layer_value(cfg, "load_parameters_path"):
-    raise UserError(
-      "vocab_from_tokenizer=true is for training from scratch: a checkpoint's vocabulary is its own; drop it"
-    )
-  if str(_layer_value(cfg, "tokenizer_type")) != "huggingface":
-    raise UserError("vocab_from_tokenizer=true reads a Hugging Face tokenizer: set tokenizer_type=huggingface")
-  return [f"vocab_size={text.vocab_for(text.tokenizer_size(str(_layer_value(cfg, 'tokenizer_path'))))}"]
-
-
 def _refuse_derived(overrides: list[str]) -> None:
   """A key MaxText derives (emb_dim from base_emb_dim and global_parameter_scale, ...) would be silently
   overwritten: say which key to set instead."""
@@ -223,19 +174,19 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
   _refuse_derived(overrides)
   try:
     merged = _merged(config_path, overrides)
-    model_path = _layer_value(merged, "model_file")
+    model_path = layer_value(merged, "model_file")
     model_overrides = model_file.as_overrides(model_file.read(model_path)) if model_path else []
     if model_overrides:
       merged = _merged(config_path, [*model_overrides, *overrides])
-    raw = {k: _layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, "run_name", "base_output_directory")}
+    raw = {k: layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, "run_name", "base_output_directory")}
     raw |= {
-      k: _layer_value(merged, k) for k in ("model_name", "dump_hlo", "dump_hlo_local_dir", "dump_hlo_local_module_name")
+      k: layer_value(merged, k) for k in ("model_name", "dump_hlo", "dump_hlo_local_dir", "dump_hlo_local_module_name")
     }
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})
     recipe_over_model = model_yaml.recipe_over_model(
       config_path, str(raw["model_name"] or "default"), overrides, maxtext_configs_dir()
-    ) + _vocab_from_tokenizer(merged, plugin, overrides)
-    values = {k: _layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
+    ) + vocab_from_tokenizer(merged, plugin, overrides)
+    values = {k: layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
     values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
     layout = node_layout(merged, plugin)
     plugin = plugin.model_copy(update={"nodes": layout.nodes, "recipe_num_devices": layout.devices})

@@ -1,0 +1,1 @@
+"""Pretraining data: your own text corpus, checked and staged before training (`text`)."""
