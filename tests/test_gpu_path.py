@@ -16,13 +16,13 @@ from conftest import REPO, run_cli
 from maxtext_moe.config import recipes
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch.preflight import check_moe_path
+from maxtext_moe.moe.mesh_axes import check_te_ep_layout
 from maxtext_moe.moe.settings import (
   DispatchKind,
   GemmBackend,
   Platform,
   check_dispatch,
   check_quantization,
-  check_te_ep_layout,
   detect_platform,
   resolve_backend,
   resolve_dispatch,

@@ -234,3 +234,14 @@ def test_the_same_manifest_run_twice_continues_the_run(tmp_path):
   assert "maxtext-moe: resuming from checkpoint" in second.stdout and str(saved) in second.stdout, shlex.join(cpu)
   steps = [json.loads(x)["step"] for x in (tmp_path / "checkpoints" / "fine-tune" / "metrics.jsonl").open()]
   assert steps == list(range(6)), "the second start continued the first: no step repeated or lost"
+
+
+def test_checkpoint_paths_that_exist_only_in_the_pods_are_passed_not_checked_here():
+  """A fine-tune's model_file and load_parameters_path are on the cluster's checkpoint volume: `k8s`
+  checks the recipe here without them (on its own model) and gives them to the pods as written."""
+  ckpt = ["load_parameters_path=/checkpoints/dsv3/items", "model_file=/checkpoints/dsv3/model.yml"]
+  req = k8s.Request("dsv3-ft", "gb200-nvl72/deepseek3-671b-finetune", ckpt, 64, "reg/maxtext-moe:0.1.0")
+  resolved, docs = k8s.for_recipe(req)
+  assert (resolved.nodes, resolved.gpus_per_node, resolved.nodes_per_domain, resolved.domains) == (64, 4, 16, 4)
+  command = _pod_command(docs)
+  assert command[command.index("--nodes") + 2 :][:2] == ckpt and "finetune=false" not in command

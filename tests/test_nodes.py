@@ -129,3 +129,16 @@ def test_cpu_nodes_are_processes():
   r = run_cli(["train", "--nodes", "2", "steps=1"], cwd=REPO, devices=2)
   assert r.returncode == 2
   assert "nodes=2 on CPU runs one process per node, but this job has 1 process(es)" in r.stderr.strip().splitlines()[-1]
+
+
+def test_auto_takes_all_to_all_where_te_ep_cannot_serve_the_multi_node_layout():
+  """FSDP inside a node and data parallel across nodes splits tokens over three axes, which TE's NCCL EP
+  cannot take: `auto` runs all_to_all there (and the planner says so), TE EP where it can."""
+  from maxtext_moe.moe.settings import DispatchKind, Platform, resolve_dispatch
+
+  gpu = Platform("gpu", te_ep=True)
+  two_nodes = {"data": 2, "fsdp": 4, "expert": 2}
+  assert resolve_dispatch("auto", ep=2, platform=gpu, axis_sizes=two_nodes, num_experts=128) == DispatchKind.ALL_TO_ALL
+  folded = {"data": 1, "fsdp": 8, "expert": 2}
+  assert resolve_dispatch("auto", ep=2, platform=gpu, axis_sizes=folded, num_experts=128) == DispatchKind.TE_EP
+  assert resolve_dispatch("te_ep", ep=2, platform=gpu, axis_sizes=two_nodes) == DispatchKind.TE_EP, "asked for"

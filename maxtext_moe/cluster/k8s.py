@@ -45,6 +45,7 @@ COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 CHANNEL_CLAIM = "imex-channel"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
+POD_PATHS = ("model_file", "load_parameters_path")
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,15 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   return [*domain, jobset]
 
 
+def _here(overrides: list[str]) -> list[str]:
+  """The overrides this machine checks the recipe with: a model_file or load_parameters_path that exists
+  only in the pods (the checkpoint volume) is left out here (the layout is then checked on the recipe's own
+  model) and passed to the pods as given."""
+  gone = {k for k, _, v in (o.partition("=") for o in overrides) if k in POD_PATHS and v and not Path(v).exists()}
+  kept = [o for o in overrides if o.partition("=")[0] not in gone]
+  return kept + (["finetune=false"] if "load_parameters_path" in gone else [])
+
+
 def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
   and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
@@ -268,7 +278,7 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   overrides = [*req.overrides, *run, f"base_output_directory={CHECKPOINT_MOUNT}"]
   if req.nodes > 0:
     overrides.append(f"nodes={req.nodes}")
-  recipe = recipes.read(req.recipe, overrides, keep_process_flags=False)  # the cluster's flags, not ours
+  recipe = recipes.read(req.recipe, _here(overrides), keep_process_flags=False)  # the cluster's flags, not ours
   recipe.resolve()
   layout = recipe.keys.layout
   if layout.gpus_per_node is None:

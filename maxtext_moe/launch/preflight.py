@@ -112,7 +112,7 @@ def check_platform(cfg: Any, *, platform: str) -> None:
 def check_moe_path(cfg: Any) -> None:
   """The GPU fast path's requirements (TE, one GPU per process, the layout TE EP serves, FP8 support),
   checked once the backend is up and before anything is compiled: one line each, with the fix."""
-  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe import mesh_axes, settings  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import moe_layer, te  # pylint: disable=import-outside-toplevel
 
   if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
@@ -133,7 +133,7 @@ def check_moe_path(cfg: Any) -> None:
           f"moe_dispatch=te_ep cannot run here: {'; '.join(reasons)} (maxtext-moe doctor says more); "
           "launch one process per GPU, or use moe_dispatch=auto"
         )
-      settings.check_te_ep_layout(moe_layer.mesh_axis_sizes(cfg), num_experts=cfg.num_experts)
+      mesh_axes.check_te_ep_layout(moe_layer.mesh_axis_sizes(cfg), num_experts=cfg.num_experts)
     if gemm == settings.GemmBackend.TE and (jax_platform() != "gpu" or not te.status().available):
       raise UserError(
         f"moe_gemm_backend=te needs Transformer Engine on a GPU ({te.status().reason or 'not a GPU'}); "

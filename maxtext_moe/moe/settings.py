@@ -106,10 +106,18 @@ def _platform(platform: Platform | str) -> Platform:
 
 
 def resolve_dispatch(
-  kind: DispatchKind | str, *, ep: int, platform: Platform | str, capacity_factor: float = 0.0
+  kind: DispatchKind | str,
+  *,
+  ep: int,
+  platform: Platform | str,
+  capacity_factor: float = 0.0,
+  axis_sizes: dict[str, int] | None = None,
+  num_experts: int = 0,
 ) -> DispatchKind:
   """Turns `auto` into a concrete dispatcher. Without EP: local. With EP on a GPU: te_ep where TE's NCCL
-  EP can serve the job, else the portable all_to_all, never ragged_all_to_all (XLA:GPU runs it as NCCL
+  EP can serve the job (the platform, and the mesh `axis_sizes` when given: tokens split over expert and
+  at most one of data or fsdp, as on N nodes of a layout with FSDP inside a node and data parallelism
+  across, which TE EP cannot take), else the portable all_to_all, never ragged_all_to_all (XLA:GPU runs it as NCCL
   send/recv: about 2% of NVLink on 8 B200s, its one-shot kernel handles at most 8 peers and crashed above
   32 ranks; docs/design-facts.md). On a TPU ragged_all_to_all unless a capacity is set; on CPU all_to_all.
 
@@ -121,7 +129,8 @@ def resolve_dispatch(
   if ep == 1:
     return DispatchKind.LOCAL
   if platform.name == "gpu":
-    return DispatchKind.TE_EP if platform.te_ep else DispatchKind.ALL_TO_ALL
+    served = axis_sizes is None or mesh_axes.te_ep_layout_problem(axis_sizes, num_experts=num_experts) is None
+    return DispatchKind.TE_EP if platform.te_ep and served else DispatchKind.ALL_TO_ALL
   if platform.name == "tpu" and capacity_factor <= 0:
     return DispatchKind.RAGGED_ALL_TO_ALL
   return DispatchKind.ALL_TO_ALL
@@ -160,24 +169,6 @@ def check_buffers(kind: DispatchKind | str, buffers: BufferMode | str, *, capaci
     raise ValueError(
       f"moe_buffers=bounded (dropless rounds) and moe_capacity_factor={capacity_factor} (a cap that drops) exclude "
       "each other: set moe_buffers=worst_case to cap the single-shot buffers, or moe_capacity_factor=0"
-    )
-
-
-def check_te_ep_layout(axis_sizes: dict[str, int], *, num_experts: int, expert_axis: str = mesh_axes.EXPERT) -> None:
-  """TE's NCCL EP splits tokens over (one of data or fsdp, expert) and nothing else: its leading spec is
-  (outer, ep). Raises ValueError (one line, with the fix) for a layout it cannot serve."""
-  ep = axis_sizes.get(expert_axis, 1)
-  others = {a: n for a, n in axis_sizes.items() if n > 1 and a != expert_axis}
-  outer = [a for a in others if a in mesh_axes.TE_EP_OUTER]
-  if ep < 2:
-    raise ValueError(f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto")
-  if num_experts % ep:
-    raise ValueError(f"moe_dispatch=te_ep needs the {num_experts} experts to divide evenly over EP={ep}")
-  if len(outer) > 1 or len(others) > len(outer):
-    layout = ", ".join(f"{a}={n}" for a, n in others.items())
-    raise ValueError(
-      f"moe_dispatch=te_ep splits tokens over expert and at most one of data or fsdp, not {layout}; "
-      "fold the rest into fsdp (or use moe_dispatch=all_to_all)"
     )
 
 

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from maxtext_moe.moe import permute
 from maxtext_moe.moe.dispatch import Experts, Routing
-from maxtext_moe.moe.settings import check_te_ep_layout
+from maxtext_moe.moe.mesh_axes import check_te_ep_layout
 from maxtext_moe.moe.stats import DispatchStats
 from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
 
@@ -34,7 +34,7 @@ from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports no
 @dataclass(frozen=True)
 class TeEpDispatcher:
   """Experts split evenly over the mesh's expert axis (P ranks), moved by TE's NCCL EP, at mesh level.
-  Tokens are split over (data or fsdp, expert), the layout TE's EP serves (settings.check_te_ep_layout)."""
+  Tokens are split over (data or fsdp, expert), the layout TE's EP serves (mesh_axes.check_te_ep_layout)."""
 
   mesh_level: ClassVar[bool] = True
 

@@ -214,9 +214,14 @@ def dispatch_kind(ctx: _Context, cfg: Any) -> str:
   """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for."""
   from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
 
-  ep = mesh_sizes(cfg, ctx.num_devices).get("expert", 1)
+  sizes = mesh_sizes(cfg, ctx.num_devices)
   return resolve_dispatch(
-    cfg.moe_dispatch, ep=ep, platform=ctx.platform, capacity_factor=float(cfg.moe_capacity_factor)
+    cfg.moe_dispatch,
+    ep=sizes.get("expert", 1),
+    platform=ctx.platform,
+    capacity_factor=float(cfg.moe_capacity_factor),
+    axis_sizes=sizes,
+    num_experts=int(cfg.num_experts),
   ).value
 
 

@@ -138,9 +138,7 @@ def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
 def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   """The first `rows` rows of the first training batch, as MaxText's grain pretraining pipeline builds
   them (tokenized, chunked, packed): each row's documents, decoded."""
-  import grain.python as grain  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline import data_processing_utils, grain_data_processing  # pylint: disable=import-outside-toplevel
-
+  from maxtext_moe.upstream import sft as grain_paths  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.config import hyperparameters  # pylint: disable=import-outside-toplevel
 
   if not applies(cfg):
@@ -153,12 +151,8 @@ def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   hp = hyperparameters(cfg.model_copy(update={"grain_file_type": "parquet"}))  # rows as dicts, not records
   need = max(int(hp.global_batch_size_to_load), rows) * 4
   _, texts, total = _read(str(cfg.grain_train_files), column, "grain_train_files", keep=need)
-  dataset = grain.MapDataset.source([{column: t} for t in texts]).to_iter_dataset()
-  pipeline = grain_data_processing.pretrain_preprocessing_pipeline(
-    dataset, hp, [column], tokenize=True, grain_worker_count=0, grain_per_worker_buffer_size=1
-  )
-  batch = next(iter(pipeline))
-  decode = data_processing_utils.get_tokenizer_and_pad_id(hp)[0].decode
+  batch = next(grain_paths.pretrain_batches(hp, [{column: t} for t in texts], column))
+  decode = grain_paths.decoder(hp)
   print(
     f"{cfg.grain_train_files}: {total:,} documents read; the first rows of the first batch as the model sees "
     f"them (max_target_length={cfg.max_target_length}, packed; each document on its own line, cut at 200 "

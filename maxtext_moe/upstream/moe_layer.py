@@ -19,7 +19,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.config.keys import MoEImpl
-from maxtext_moe.config.layout import expert_parallelism
+from maxtext_moe.config.layout import expert_parallelism, mesh_sizes
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.settings import (
@@ -43,7 +43,11 @@ def mesh_axis_sizes(cfg: Any) -> dict[str, int]:
 def resolved_kinds(cfg: Any) -> tuple[DispatchKind, GemmBackend]:
   """What `auto` becomes for this config on this platform."""
   ep, cf = expert_parallelism(cfg), float(cfg.moe_capacity_factor)
-  dispatch = resolve_dispatch(cfg.moe_dispatch, ep=ep, platform=detect_platform(), capacity_factor=cf)
+  sizes = mesh_sizes(cfg, int(cfg.recipe_num_devices) if int(cfg.recipe_num_devices) > 0 else jax.device_count())
+  dispatch = resolve_dispatch(
+    cfg.moe_dispatch, ep=ep, platform=detect_platform(), capacity_factor=cf, axis_sizes=sizes,
+    num_experts=int(cfg.num_experts),
+  )  # fmt: skip
   return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
 
 

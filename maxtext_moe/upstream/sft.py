@@ -1,5 +1,6 @@
-"""MaxText's SFT data path, reached from outside its trainer: the tokenizer it builds, its rendering of a
-conversation into prompt and completion chunks, and its grain SFT pipeline on rows we hand it.
+"""MaxText's grain data paths, reached from outside its trainer: the tokenizer it builds, its rendering of
+a conversation into prompt and completion chunks, and its grain SFT and pretraining pipelines on rows we
+hand it.
 
 The launcher's checks (`sft.conversations`) and `maxtext-moe data show` call these, so what they measure
 and print is what MaxText's trainer will feed the model, not a re-implementation of it.
@@ -46,3 +47,20 @@ def batches(cfg: Any, rows: list[dict], columns: list[str]) -> Iterator[dict[str
       dataset, cfg, columns, tokenize=True, grain_worker_count=0, grain_per_worker_buffer_size=1
     )
   )
+
+
+def pretrain_batches(cfg: Any, rows: list[dict], column: str) -> Iterator[dict[str, np.ndarray]]:
+  """MaxText's grain pretraining pipeline (tokenize, chunk to max_target_length, pack, shift) over `rows`."""
+  import grain.python as grain  # pylint: disable=import-outside-toplevel
+
+  dataset = grain.MapDataset.source(rows).to_iter_dataset()
+  return iter(
+    grain_data_processing.pretrain_preprocessing_pipeline(
+      dataset, cfg, [column], tokenize=True, grain_worker_count=0, grain_per_worker_buffer_size=1
+    )
+  )
+
+
+def decoder(cfg: Any) -> Any:
+  """ids -> text with the tokenizer MaxText's pipeline builds for `cfg`."""
+  return data_processing_utils.get_tokenizer_and_pad_id(cfg)[0].decode
