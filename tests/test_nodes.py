@@ -99,6 +99,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # about 90 s on 2 cores: in .ci/run's ci tier, outside the README's 12 minutes
 def test_two_cpu_processes_train_as_two_nodes(tmp_path):
   """`launch --nnodes 2` on each of two "nodes" (one process of 4 CPU devices each): the job is 8 devices
   in 2 NVLink domains, the ICI layout inside each process and data parallel across them (MaxText's

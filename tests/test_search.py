@@ -100,7 +100,7 @@ def test_search_writes_a_recipe_every_command_takes(tmp_path):
   kubernetes_validate.validate(config_map, "1.33.0", strict=True)
   assert config_map["data"] == {"tiny.yml": out.read_text()}, "the pods get the file as written"
   pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-  assert pod["containers"][0]["command"][8:11] == ["train", "/etc/maxtext-moe/recipe/tiny.yml", "--nodes"]
+  assert pod["containers"][0]["command"][7:10] == ["train", "/etc/maxtext-moe/recipe/tiny.yml", "--nodes"]
   assert {"name": "recipe", "configMap": {"name": "tiny-recipe"}} in pod["volumes"]
   bad = run_cli([*args[:-3], "--write", str(tmp_path / "no" / "x.yml")], cwd=tmp_path)
   assert bad.returncode == 2 and "the folder" in bad.stderr and not (tmp_path / "no").exists()

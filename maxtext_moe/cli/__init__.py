@@ -1,18 +1,19 @@
 """The `maxtext-moe` command line.
 
-  maxtext-moe train [RECIPE] [key=value ...]    run MaxText's trainer on a recipe (default: tiny CPU model)
-  maxtext-moe launch --nproc-per-node N -- train RECIPE ...   one process per GPU on this node
+  maxtext-moe train [RECIPE] [--nodes N] [key=value ...]   run MaxText's trainer (default: tiny CPU model)
+  maxtext-moe launch --nproc-per-node G [--nnodes N] -- train RECIPE ...   one process per GPU on this node
   maxtext-moe config RECIPE [key=value ...]     the resolved config (YAML) and what our layers changed
   maxtext-moe recipes                           the shipped recipes
   maxtext-moe flags RECIPE [key=value ...]      the recipe's XLA/NCCL environment as export lines
-  maxtext-moe plan RECIPE [--gpus N] [--gpu-mem GiB]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
-  maxtext-moe compile RECIPE [--json] [--hlo DIR]    the train step compiled by XLA:GPU for the recipe's GPUs
+  maxtext-moe plan RECIPE [--nodes N] [--time]   per-GPU memory estimate, fit verdict, cheapest fix, FLOPs
+  maxtext-moe plan MODEL --gpu GPU --nodes N --search [--write FILE.yml]   the layouts that fit, fastest first
+  maxtext-moe compile RECIPE [--nodes N] [--json] [--hlo DIR]   the train step compiled by XLA:GPU
   maxtext-moe bench {moe,convert,plan} [--json]  benchmark tables
   maxtext-moe convert hf-to-maxtext --hf DIR --out DIR [--model RECIPE]   HF DeepseekV3 -> MaxText
   maxtext-moe convert maxtext-to-hf --ckpt DIR --out DIR [--model RECIPE] MaxText -> HF
   maxtext-moe doctor [--json]                   GPU/TE/NCCL facts here, and what `auto` picks and why
-  maxtext-moe k8s RECIPE --nodes N --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
-  maxtext-moe data show RECIPE [key=value ...]  SFT rows as the model sees them, loss-carrying tokens marked
+  maxtext-moe k8s RECIPE [--nodes N] --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
+  maxtext-moe data show RECIPE [key=value ...]  training rows (SFT or text) as the model sees them
   maxtext-moe eval RECIPE load_parameters_path=... held-out completion loss and greedy exact match
   maxtext-moe report RUN_DIR [--json]           a run's plots and summary, rebuilt from its files
 

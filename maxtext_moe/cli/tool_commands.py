@@ -140,14 +140,18 @@ def _register_k8s(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     "k8s",
     parents=[common],
     help="write the Kubernetes manifests (JobSet, or indexed Job + Service) for a training job",
-    description="Print, as YAML, the manifests that train RECIPE on NODES nodes of the recipe's GPUs: one pod "
-    "per node running 'maxtext-moe launch --nproc-per-node G -- train RECIPE ...' from IMAGE, with the "
-    "coordinator and node count set, the recipe's XLA/NCCL environment, a memory-backed /dev/shm and a "
-    "PersistentVolumeClaim at /checkpoints (base_output_directory). The recipe and overrides are resolved "
-    "first, so a bad key fails here. --kind jobset (default) needs the JobSet controller, which restarts the "
-    "whole job on a failure (up to --max-restarts); --kind job is an indexed Job plus a headless Service.",
-    epilog="Example: maxtext-moe k8s gb200-nvl72/deepseek3-671b --nodes 16 --image REGISTRY/maxtext-moe:0.1.0 "
-    "| kubectl apply -f -",
+    description="Print, as YAML, the manifests that train RECIPE on its nodes (or --nodes N) of the recipe's "
+    "GPUs: one pod per node running 'maxtext-moe launch --nproc-per-node G --nnodes N -- train RECIPE ...' "
+    "from IMAGE, with the coordinator and node count set, the recipe's XLA/NCCL environment, a memory-backed "
+    "/dev/shm and a PersistentVolumeClaim at /checkpoints (base_output_directory). The run name is pinned "
+    "(run_name=..., else --name), so a restart or the manifest applied again continues the run. The recipe, "
+    "overrides and node count are checked first, so a bad key or count fails here. GB200/GB300 racks get a "
+    "ComputeDomain (NVIDIA's DRA driver: the IMEX channel multi-node NVLink needs) and one Job per rack "
+    "placed by --topology-key. A recipe file goes to the pods as a ConfigMap. --kind jobset (default) needs "
+    "the JobSet controller, which restarts the whole job on a failure (up to --max-restarts); --kind job is "
+    "an indexed Job plus a headless Service. docs/cluster.md says what the cluster must provide.",
+    epilog="Example: maxtext-moe k8s gb200-nvl72/deepseek3-671b --nodes 32 --image REGISTRY/maxtext-moe:0.1.0 "
+    "--rdma-resource rdma/ib=4 | kubectl apply -f -",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
   add_nodes_option(p)

@@ -154,6 +154,8 @@ def scale(
       f"recipe_num_devices={recipe_devices} and nodes={nodes} disagree ({nodes} x {g} GPUs = {nodes * g}); "
       "set only nodes (--nodes N): the device count follows from it"
     )
+  if nodes < 1:
+    raise UserError(f"nodes={nodes}: a job has at least one node (--nodes N, N >= 1)")
   why = _problem(str(hardware), nodes, g, ici, dcn)
   if why:
     near = valid_nodes(str(hardware), g, ici, dcn, near=max(nodes, 1))
