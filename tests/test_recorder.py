@@ -48,6 +48,41 @@ def test_resume_drops_rows_at_or_after_the_restored_step(tmp_path):
   assert rows[-1]["loss"] == 1.5
 
 
+@pytest.mark.parametrize("cut", [40, 2])
+def test_a_line_cut_short_by_a_crash_is_set_aside_and_the_run_resumes(tmp_path, capfd, cut):
+  """A node crash or a full disk mid-write leaves metrics.jsonl (and moe_load.jsonl) ending in part of a
+  row: the resume keeps every whole row, sets the part aside in metrics.jsonl.torn with one warning line,
+  and its next row starts on a line of its own; `report` reads the whole rows with the same warning."""
+  from maxtext_moe.runlog.report import report
+
+  rows = "".join(json.dumps({"step": s, "loss": 9.0 - s, "tokens_per_s": 10.0}) + "\n" for s in range(6))
+  (tmp_path / "metrics.jsonl").write_text(rows[:-cut])
+  load = "".join(json.dumps({"step": s, "load": [[1.0, 2.0]], "bias_abs_mean": [0.0]}) + "\n" for s in (0, 4))
+  (tmp_path / "moe_load.jsonl").write_text(load[:-7])
+  rec = RunRecorder(
+    run_dir=tmp_path, total_steps=8, num_devices=1, progress="silent", plot_name="", stream=io.StringIO()
+  )
+  rec.start(None, start_step=5)
+  rec.step(5, _scalars(1.5))
+  rec.finish()
+  err = capfd.readouterr().err
+  assert "metrics.jsonl has 1 cut-short line(s) (line 6: a crash mid-write); kept in" in err, err
+  assert (tmp_path / "metrics.jsonl.torn").read_text() == rows[:-cut].splitlines()[-1] + "\n"
+  assert (tmp_path / "moe_load.jsonl.torn").is_file()
+  assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+  assert "cut-short" not in capfd.readouterr().err, "the rewritten file is whole"
+  # A torn last line, then an append (a run killed mid-write, then a report while another appends):
+  with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"step": 6, "lo')
+  from maxtext_moe.runlog import files
+
+  with files.open_append(tmp_path / "metrics.jsonl") as f:
+    f.write(json.dumps({"step": 7, "loss": 1.0}) + "\n")
+  report(tmp_path)
+  assert "line 7: a crash mid-write" in capfd.readouterr().err
+  assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 7]
+
+
 def test_finish_writes_plot_and_summary(tmp_path):
   out = io.StringIO()
   rec = RunRecorder(run_dir=tmp_path / "run", total_steps=3, num_devices=2, progress="plain", stream=out)

@@ -10,6 +10,7 @@ A training row is `{"step", "loss", "tokens_per_s", "tflops_per_s_per_device", "
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,65 @@ _FIELDS = {
 _MOE_PREFIX = "moe/"
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+TORN_SUFFIX = ".torn"  # METRICS + TORN_SUFFIX: the lines a crash cut short, set aside when a run resumes
+
+
+def split_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+  """(the whole rows of a JSONL file, the (line number, text) of lines that are not one: a line a crash
+  or a full disk cut short). Missing file: ([], [])."""
   if not path.is_file():
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+    return [], []
+  rows, torn = [], []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        row = None
+      if isinstance(row, dict):
+        rows.append(row)
+      else:
+        torn.append((n, line.rstrip("\n")))
+  return rows, torn
+
+
+def _torn_line(path: Path, torn: list[tuple[int, str]], kept: Path | None) -> str:
+  where = ", ".join(str(n) for n, _ in torn[:5]) + (" ..." if len(torn) > 5 else "")
+  fate = f"kept in {kept} and left out" if kept else "left out"
+  return f"maxtext-moe: warning: {path} has {len(torn)} cut-short line(s) (line {where}: a crash mid-write); {fate}"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+  """The whole rows of a JSONL file we append to; a cut-short line is left out, with one warning line."""
+  rows, torn = split_jsonl(path)
+  if torn:
+    print(_torn_line(path, torn, None), file=sys.stderr, flush=True)
+  return rows
+
+
+def set_aside_torn(path: Path) -> list[dict[str, Any]]:
+  """The whole rows of `path`; its cut-short lines are appended to PATH.torn (named in one warning line),
+  so a rewrite of `path` loses nothing a user might want to look at."""
+  rows, torn = split_jsonl(path)
+  if torn:
+    kept = path.with_name(path.name + TORN_SUFFIX)
+    with open(kept, "a", encoding="utf-8") as f:
+      f.writelines(line + "\n" for _, line in torn)
+    print(_torn_line(path, torn, kept), file=sys.stderr, flush=True)
+  return rows
+
+
+def open_append(path: Path) -> Any:
+  """`path` opened for appending rows, a newline first when its last line was cut short: a torn line is
+  never joined by the next whole row."""
+  f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+  if f.tell() > 0:
+    f.seek(f.tell() - 1)
+    if f.read(1) != "\n":
+      f.write("\n")
+  return f
 
 
 def rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -52,9 +52,10 @@ class RunRecorder:
       return
     self.run_dir.mkdir(parents=True, exist_ok=True)
     for path in (self.metrics_path, self.run_dir / self.load_name):
-      if path.exists() or path == self.metrics_path:
-        files.rewrite_jsonl(path, [r for r in files.read_jsonl(path) if r["step"] < start_step])
-    self._file = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
+      if path.exists() or path == self.metrics_path:  # cut-short lines set aside in PATH.torn, with a warning
+        kept = [r for r in files.set_aside_torn(path) if isinstance(r.get("step"), int) and r["step"] < start_step]
+        files.rewrite_jsonl(path, kept)
+    self._file = files.open_append(self.metrics_path)  # closed in finish()
     self._progress = Progress(self.stream, self.total_steps, self.progress)
     self._progress.start(start_step)
 
@@ -74,7 +75,7 @@ class RunRecorder:
     last step, one JSON row each in moe_load.jsonl."""
     if not self.writer or not self.load_every or (step % self.load_every and step != self.total_steps - 1):
       return
-    with open(self.run_dir / self.load_name, "a", encoding="utf-8") as f:
+    with files.open_append(self.run_dir / self.load_name) as f:
       f.write(json.dumps(files.load_row(step, load_LE, bias_L)) + "\n")
 
   def _append(self, row: dict[str, Any]) -> None:
