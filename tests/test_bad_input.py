@@ -70,6 +70,17 @@ CASES = [
     "unknown recipe 'cpu/deepseek3-tini'; did you mean 'cpu/deepseek3-tiny'?",
   ),
   ("invalid_yaml", ["train", "{tmp}/bad.yml"], "bad.yml: invalid YAML at line 3, column 1: "),
+  ("empty_recipe_file", ["train", "{tmp}/empty.yml"], "empty.yml is empty: a recipe file starts with base_config: "),
+  (
+    "recipe_not_on_our_base",
+    ["plan", "{tmp}/nobase.yml"],
+    "nobase.yml is not layered on maxtext-moe's base: a recipe file starts with base_config: ${moe_configs:base.yml}",
+  ),
+  (
+    "steps_zero",
+    ["train", "steps=0"],
+    "MaxText refuses this config: You must set steps or learning_rate_schedule_steps to a positive integer.",
+  ),
   ("yaml_extension", ["train", "{tmp}/recipe.yaml"], "config files must end in .yml (MaxText's rule)"),
   # paths and data
   ("output_is_a_file", ["train", "base_output_directory={tmp}/plainfile/runs"], "plainfile is a file, so "),
@@ -199,6 +210,8 @@ def case_dir(tmp_path, monkeypatch):
   (tmp_path / "plainfile").write_text("not a directory")
   (tmp_path / "bad.yml").write_text("base_config: deepseek3-tiny.yml\nsteps: 3\n: oops\n")
   (tmp_path / "recipe.yaml").write_text("steps: 3\n")
+  (tmp_path / "empty.yml").write_text("")
+  (tmp_path / "nobase.yml").write_text("steps: 3\n")
   _sft_inputs(tmp_path)
   monkeypatch.chdir(tmp_path)
   saved_env = dict(os.environ)

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,10 @@ def test_every_recipe_resolves_its_profile(name, upstream_config):
   cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
   got = flags.for_config(cfg)
   if name.startswith("cpu/"):
-    assert set(got.full_env()) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"}, "no XLA flags on CPU"
+    profile_only = flags.for_config(cfg, keep_process_flags=False)
+    assert set(profile_only.full_env()) == {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"}, "no XLA flags on CPU"
+    own = dict(f.partition("=")[::2] for f in os.environ.get("XLA_FLAGS", "").split())  # the last of a name wins
+    assert dict(f.partition("=")[::2] for f in got.xla_flags) == own, "the process's own, kept (and probed)"
     return
   names = [f.split("=")[0] for f in got.xla_flags]
   assert "--xla_gpu_experimental_enable_collective_multi_streaming" in names
@@ -170,3 +174,18 @@ def test_cpu_profile_keeps_large_xla_buffers_mapped(mode):
     assert median_faults >= every_page, "glibc's default changed: the cpu profile's MALLOC_* may no longer be needed"
   else:
     assert median_faults < 100
+
+
+def test_an_unknown_flag_in_the_environments_xla_flags_is_one_line(tmp_path):
+  """XLA aborts the process on an unknown flag in XLA_FLAGS (a fatal log line, exit 1): the user's own
+  XLA_FLAGS are probed with the profile's, before the backend starts."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1 --xla_not_a_flag=1")
+  r = subprocess.run(
+    [sys.executable, "-m", "maxtext_moe", "train", "--check"], cwd=tmp_path, env=env, capture_output=True, text=True
+  )
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert r.stderr.strip().splitlines()[-1] == (
+    "maxtext-moe: error: XLA flag --xla_not_a_flag=1 is not a flag of the installed jaxlib "
+    f"{version('jaxlib')}; fix or drop it (XLA_FLAGS, xla_flags_extra)"
+  )
+  assert list(tmp_path.iterdir()) == []

@@ -71,7 +71,7 @@ def for_config(cfg: Any, *, keep_process_flags: bool = True) -> FlagSet:
   four keys: a resolved config, or the launch keys read before resolving."""
   name = str(cfg.flag_profile)
   flags = FlagSet() if name == "disabled" else profile(str(cfg.recipe_hardware) if name == "auto" else name)
-  if flags.xla_flags and keep_process_flags:  # keep what the user set (e.g. --xla_force_host_platform_device_count)
+  if keep_process_flags:  # keep what the user set (e.g. --xla_force_host_platform_device_count); probed too
     flags.add_flags(os.environ.get("XLA_FLAGS", "").split())
   for item in cfg.env_extra:
     key, sep, value = str(item).partition("=")
@@ -121,7 +121,9 @@ def probe(flags: list[str]) -> None:
       if proc.returncode != 0:
         unknown = "Unknown flag" in proc.stderr
         why = "is not a flag of" if unknown else "has a value rejected by"
-        raise UserError(f"XLA flag {flag} {why} the installed jaxlib {version}; fix or drop it (xla_flags_extra)")
+        raise UserError(
+          f"XLA flag {flag} {why} the installed jaxlib {version}; fix or drop it (XLA_FLAGS, xla_flags_extra)"
+        )
     raise UserError(f"the installed jaxlib {version} rejects this combination of XLA flags: {' '.join(flags)}")
   known[key] = "ok"
   try:

@@ -48,3 +48,21 @@ def _find(base: str, named_in: Path, maxtext_configs: Path) -> Path:
       return candidate.resolve()
   where = " or ".join(str(c) for c in candidates)
   raise UserError(f"{named_in}: base_config {base} not found (looked for {where})")
+
+
+def require_base(chain: list[Path], ours: Path) -> None:
+  """A config is layered on our base (`configs/base.yml`), as every shipped recipe is: a file that does not
+  reach it (an empty file, a MaxText config, a file with no base_config) would train MaxText's own default
+  model without our keys, with no word. One line saying how to start the file instead."""
+  if ours.resolve() in chain:
+    return
+  try:
+    yaml.safe_load(chain[-1].read_text(encoding="utf-8"))
+  except yaml.YAMLError:
+    return  # the walk stopped at a file that does not parse: MaxText's loader says where (one line)
+  first = chain[0]
+  what = "is empty" if not first.read_text(encoding="utf-8").strip() else "is not layered on maxtext-moe's base"
+  raise UserError(
+    f"{first} {what}: a recipe file starts with base_config: ${{moe_configs:base.yml}} (our defaults) or "
+    "${moe_configs:recipes/HW/MODEL.yml} (a shipped recipe to change), then the keys it sets"
+  )

@@ -135,6 +135,7 @@ def train(
   from maxtext_moe.pretrain import text
   from maxtext_moe.sft import prepare as sft
   from maxtext_moe.upstream import recipe as recipes
+  from maxtext_moe.upstream import trainer
 
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -149,6 +150,7 @@ def train(
     check_nvlink_domains(cfg, jax.devices())
   check_moe_path(cfg)
   check_inputs(cfg)
+  trainer.validate(cfg)  # MaxText's own assertions (steps > 0, ...), as one line before anything is written
   check_layout_divides(cfg, num_devices=jax.device_count())  # traces the model: needs a batch (above)
   if check_only:
     return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}

@@ -155,7 +155,8 @@ def _refuse_derived(overrides: list[str]) -> None:
 
 
 def _merged(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
-  layers.check_chain(Path(config_path), maxtext_configs_dir())
+  chain = layers.check_chain(Path(config_path), maxtext_configs_dir())
+  layers.require_base(chain, configs_dir() / "base.yml")
   return omegaconf.OmegaConf.merge(
     pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
     omegaconf.OmegaConf.from_cli(list(overrides)),
@@ -267,6 +268,8 @@ def _initialize(argv: list[str], config_class: type) -> Any:
       return pyconfig._initialize_pydantic(argv, config_class=config_class)  # pylint: disable=protected-access
   except UserError:
     raise
+  except AssertionError as e:  # MaxText validates some keys with assert
+    raise UserError(f"MaxText refuses this config: {str(e).strip() or 'an assertion failed'}") from None
   except (pydantic.ValidationError, ValueError, TypeError, KeyError, omegaconf.errors.OmegaConfBaseException) as e:
     raise UserError(one_line(e)) from e
 

@@ -29,8 +29,9 @@ from maxtext.common import metric_logger
 from maxtext.configs import pyconfig
 from maxtext.input_pipeline import multihost_dataloading
 from maxtext.trainers.pre_train import train
-from maxtext.utils import max_utils, maxtext_utils
+from maxtext.utils import max_utils, maxtext_utils, train_utils
 
+from maxtext_moe.errors import UserError
 from maxtext_moe.moe import stats as moe_stats
 from maxtext_moe.upstream import moe_layer, recovery
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
@@ -173,6 +174,15 @@ def terminate_iterator_workers(obj):
     original(multihost_dataloading, "_terminate_iterator_workers")(obj)
   except AssertionError:
     pass
+
+
+def validate(cfg: MoEMaxTextConfig) -> None:
+  """MaxText's own checks of a training config (`train_utils.validate_train_config`, which its trainer
+  asserts after the run has started), made before anything is written: one line, MaxText's words kept."""
+  try:
+    train_utils.validate_train_config(hyperparameters(cfg))
+  except (AssertionError, ValueError) as e:
+    raise UserError(f"MaxText refuses this config: {str(e).strip() or type(e).__name__}") from None
 
 
 def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None) -> None:
