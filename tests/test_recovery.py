@@ -167,3 +167,24 @@ def test_the_integrity_record_finds_a_change_in_any_file(tmp_path):
   integrity.record(step, checksums=False)
   (step / "_METADATA").write_bytes(b"short")
   assert integrity.problem(step) == "_METADATA is 5 bytes, its save wrote 10"
+
+
+def test_a_resume_on_another_device_count_says_what_happens_to_the_batch(tmp_path, capfd):
+  """The run's job shape (job.json) is kept in its directory; a resume (checkpoints there) on another
+  device count is one warning with the global batch before and after and how to keep it."""
+  from types import SimpleNamespace
+
+  from maxtext_moe.launch.train import _compare_job
+
+  cfg = SimpleNamespace(run_name="r", per_device_batch_size=2, nodes=1)
+  _compare_job(tmp_path, cfg, devices=8, batch=16)
+  assert json.loads((tmp_path / "job.json").read_text())["devices"] == 8
+  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+  _compare_job(tmp_path, cfg, devices=8, batch=16)
+  assert capfd.readouterr().err == "", "the same devices: nothing to say"
+  _compare_job(tmp_path, cfg, devices=4, batch=8)
+  assert capfd.readouterr().err.strip() == (
+    "maxtext-moe: warning: run r last trained on 8 devices (global batch 16 sequences) and resumes on 4 "
+    "(global batch 8); the learning-rate schedule counts steps, not tokens. To keep the batch: "
+    "per_device_batch_size=4, or resume on 8 devices"
+  )

@@ -78,6 +78,34 @@ def join_job(recipe: Any, dist: Distributed) -> tuple[Any, Any]:
   return recipe.shared_by_all_processes(), found
 
 
+JOB_FILE = "job.json"  # the shape of the job that last trained this run: devices, nodes, global batch
+
+
+def _compare_job(run_dir: Path, cfg: Any, *, devices: int, batch: int) -> None:
+  """Says aloud when a run resumes on another device count than it last trained on (its global batch
+  changes with it, and the learning-rate schedule counts steps, not tokens), then records this job's."""
+  before_path = run_dir / JOB_FILE
+  try:
+    before = json.loads(before_path.read_text()) if before_path.is_file() else None
+  except (OSError, ValueError):
+    before = None
+  saved = run_dir / "checkpoints"
+  if before and saved.is_dir() and any(saved.iterdir()) and int(before.get("devices", devices)) != devices:
+    was, now = int(before["devices"]), devices
+    keep = float(before.get("global_batch", batch)) / now
+    print(
+      f"maxtext-moe: warning: run {cfg.run_name} last trained on {was} devices (global batch "
+      f"{before.get('global_batch')} sequences) and resumes on {now} (global batch {batch}); the learning-rate "
+      f"schedule counts steps, not tokens. To keep the batch: per_device_batch_size={keep:g}, or resume on "
+      f"{was} devices",
+      file=sys.stderr,
+      flush=True,
+    )
+  job = {"devices": devices, "nodes": int(cfg.nodes), "global_batch": batch}
+  job["per_device_batch_size"] = float(cfg.per_device_batch_size)
+  before_path.write_text(json.dumps(job) + "\n")
+
+
 def _start_run(cfg: Any, recipe: Any, applied: dict[str, str], job: Any, out: IO[str]) -> Any:
   """The run directory, what process 0 keeps in it (flags.json, the model file), the recorder, and the
   start line."""
@@ -90,12 +118,13 @@ def _start_run(cfg: Any, recipe: Any, applied: dict[str, str], job: Any, out: IO
   if lead:  # one writer per run directory, before anything of the run is written or removed
     locks.acquire(run_dir / RUN_LOCK, what=f"run directory {run_dir}", wait_s=float(cfg.run_lock_wait_s))
   run_dir.mkdir(parents=True, exist_ok=True)
+  batch = global_batch(cfg.per_device_batch_size, jax.device_count(), cfg.gradient_accumulation_steps)
   if lead:
     (run_dir / "flags.json").write_text(json.dumps({"profile": str(cfg.flag_profile), "env": applied}, indent=2) + "\n")
     _keep_model_file(cfg, run_dir)
+    _compare_job(run_dir, cfg, devices=jax.device_count(), batch=batch)
     where = f" in {job.num_processes} processes" if job else ""
     nodes = f" on {cfg.nodes} nodes" if int(cfg.nodes) > 1 else ""
-    batch = global_batch(cfg.per_device_batch_size, jax.device_count(), cfg.gradient_accumulation_steps)
     print(
       f"maxtext-moe: training {cfg.model_name} from {recipe.path.name} on {jax.device_count()} "
       f"{jax.default_backend()} device(s){where}{nodes}; global batch {batch:,} x {cfg.max_target_length:,} = "
