@@ -18,6 +18,10 @@ the test only insists on the two ways to end. The first run found: a recipe file
 OmegaConf's merge), a base_config chain that comes back to itself (RecursionError), `attention=''` (a
 ValueError when the model is traced) and `attention=flash` on CPU (NotImplementedError at trace time);
 each is now one line (config/layers.py, checks.check_attention_kernel, preflight.check_platform).
+Round four added the typed values (TYPED: 123 cases over the integer and float keys, 14 in the default
+suite) and found `steps=0`/`-1` (MaxText's assertion once its trainer ran: now `upstream.trainer.validate`
+before anything is written) and `max_target_length=0`/`-3` (numpy errors from inside the model:
+`checks.check_sequence_length`).
 """
 
 import io
@@ -105,6 +109,41 @@ def quiet(monkeypatch):
 
 @pytest.mark.parametrize(("key", "value"), _cases())
 def test_every_key_at_every_boundary_ends_in_a_check_or_one_line(key, value, tmp_path, capfd, monkeypatch, quiet):
+  del quiet
+  argv = ["train", "--check", f"{key}={value}"]
+  code, err = _check(argv, tmp_path, capfd, monkeypatch)
+  _ends_well(argv, code, err)
+
+
+def _kind(key: str) -> str | None:
+  """'int' or 'float' for a key whose declared type (ours, else MaxText's) is that number, else None."""
+  from maxtext.configs import types  # pylint: disable=import-outside-toplevel
+
+  field = PluginKeys.model_fields.get(key) or types.MaxTextConfig.model_fields.get(key)
+  kind = getattr(field, "annotation", None)
+  return {int: "int", float: "float"}.get(kind)
+
+
+# Round four: every integer key also at 0 and a negative value, every float key at 0, a negative value and
+# NaN (MaxText asserts some of these only once its trainer runs: steps=0 was a traceback after the run had
+# started). The default suite runs every eighth typed key, `-m extended` all of them.
+TYPED = {"int": ["0", "-3"], "float": ["0", "-0.5", "nan"]}
+
+
+def _typed_cases() -> list:
+  cases = []
+  typed = [(k, _kind(k)) for k in _keys()]
+  for i, (key, kind) in enumerate([t for t in typed if t[1]]):
+    for value in TYPED[kind]:
+      marks = () if i % 8 == 0 else (pytest.mark.extended,)
+      cases.append(pytest.param(key, value, marks=marks, id=f"{key}={value}"))
+  return cases
+
+
+@pytest.mark.parametrize(("key", "value"), _typed_cases())
+def test_every_number_key_at_zero_negative_and_nan_ends_in_a_check_or_one_line(
+  key, value, tmp_path, capfd, monkeypatch, quiet
+):
   del quiet
   argv = ["train", "--check", f"{key}={value}"]
   code, err = _check(argv, tmp_path, capfd, monkeypatch)

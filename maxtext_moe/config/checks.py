@@ -190,8 +190,16 @@ def check_num_slices(cfg: Any) -> None:
     raise ValueError(f"num_slices={slices} must be -1 (counted from the devices) or the number of slices (>= 1)")
 
 
+def check_sequence_length(cfg: Any) -> None:
+  """At least one token per sequence: 0 or less was a numpy error from inside the model (found by fuzzing)."""
+  length = int(getattr(cfg, "max_target_length", 1))
+  if length < 1:
+    raise ValueError(f"max_target_length={length} must be at least 1 (tokens per training sequence)")
+
+
 ALL_CHECKS = (
   check_run_name,
+  check_sequence_length,
   check_attention_kernel,
   check_num_slices,
   check_one_auto_axis,

@@ -23,6 +23,12 @@ def backend_started() -> bool:
   return jax_backend.backends_are_initialized()
 
 
+def _flags(value: str) -> dict[str, str]:
+  """XLA_FLAGS as XLA reads them: {name: value}, the last of a name winning (so a repeated flag, which the
+  flag set keeps once, is the same environment)."""
+  return dict(f.partition("=")[::2] for f in value.split())
+
+
 def apply(flags: FlagSet) -> dict[str, str]:
   """Sets the flag environment in os.environ (children inherit it) and in this process; returns it.
 
@@ -34,7 +40,7 @@ def apply(flags: FlagSet) -> dict[str, str]:
   late = sorted(k for k in env if k.startswith("LD_"))
   if late:
     raise UserError(f"{late[0]} takes effect only when a process starts: export it before running maxtext-moe")
-  if "XLA_FLAGS" in env and env["XLA_FLAGS"] != os.environ.get("XLA_FLAGS") and backend_started():
+  if "XLA_FLAGS" in env and _flags(env["XLA_FLAGS"]) != _flags(os.environ.get("XLA_FLAGS", "")) and backend_started():
     raise RuntimeError("the XLA backend started before the flag environment was applied")
   os.environ.update(env)
   for key, value in env.items():
