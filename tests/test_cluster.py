@@ -130,6 +130,21 @@ def test_a_failing_child_stops_the_others(capfd):
   assert "maxtext-moe launch: process 1 exited with code 3; stopping the other processes" in err
 
 
+def test_a_child_killed_by_a_signal_has_the_others_killed_at_once(capfd):
+  """A peer's death (the OOM killer, a node fault): the others could only hang in a collective and then
+  print minutes of timeout traces, so they are killed at once, with one line (the SIGKILL of a training
+  process mid-run: tested by hand, docs/failures.md)."""
+  code = (
+    "import os, signal, sys, time\n"
+    "if os.environ['MAXTEXT_MOE_LOCAL_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"  # would outlive a SIGTERM and GRACE_S
+  )
+  rc, seconds = _supervise(code)
+  assert rc == 137 and seconds < 20
+  err = capfd.readouterr().err
+  assert "maxtext-moe launch: process 1 was killed by SIGKILL; stopping the other processes at once" in err
+
+
 def test_children_that_succeed_give_zero():
   assert _supervise("pass", n=3)[0] == 0
 

@@ -135,14 +135,19 @@ def _watch(children: list[subprocess.Popen], first: int, received: list[int]) ->
     for i, c in enumerate(children):
       if failure is None and not received and c.poll() not in (None, 0):
         failure = (first + i, c.returncode)
+        # Killed by a signal (the OOM killer, a node fault): the others cannot finish a step or a save
+        # without it, and left alone they end in minutes of collective-timeout stack traces. So they are
+        # killed at once; an exit with a code (an error it said) leaves them GRACE_S to end cleanly.
+        killed = c.returncode < 0
+        how = " at once (they cannot go on without it; rerun to resume from the last checkpoint)" if killed else ""
         print(
-          f"maxtext-moe launch: process {first + i} {_describe(c.returncode)}; stopping the other processes",
+          f"maxtext-moe launch: process {first + i} {_describe(c.returncode)}; stopping the other processes{how}",
           file=sys.stderr,
           flush=True,
         )
         for other in children:
           if other.poll() is None:
-            other.send_signal(signal.SIGTERM)
+            other.send_signal(signal.SIGKILL if killed else signal.SIGTERM)
     if (failure or received) and deadline is None:
       deadline = time.monotonic() + GRACE_S
     if deadline is not None and time.monotonic() > deadline:
