@@ -185,3 +185,31 @@ def test_late_results_on_a_closed_event_loop_are_not_reported_but_other_errors_a
   assert "Event loop is closed" not in r.stderr
   assert r.stderr.count("Traceback") == 2, r.stderr
   assert "RuntimeError: something else" in r.stderr and "RuntimeError: another thing" in r.stderr, r.stderr
+
+
+def test_an_unfinished_save_is_removed_even_while_a_writer_still_recreates_it(tmp_path):
+  """Orbax's async writer threads outlive the error that ends a run on a full disk and create files under
+  the unfinished save after it was removed once: the removal waits for them, so what the last line says
+  was removed is gone."""
+  import threading
+  import time
+
+  from maxtext_moe.upstream import recovery
+
+  tmp = tmp_path / "4.orbax-checkpoint-tmp"
+  stop = time.monotonic() + 1.0
+
+  def writer():
+    while time.monotonic() < stop:
+      (tmp / "items.orbax-checkpoint-tmp").mkdir(parents=True, exist_ok=True)
+      (tmp / "items.orbax-checkpoint-tmp" / "shard").write_bytes(b"x")
+      time.sleep(0.05)
+
+  (tmp / "items.orbax-checkpoint-tmp").mkdir(parents=True)
+  thread = threading.Thread(target=writer)
+  thread.start()
+  try:
+    assert recovery.remove_incomplete_saves(tmp_path) == ["4.orbax-checkpoint-tmp"]
+  finally:
+    thread.join()
+  assert not tmp.exists()

@@ -96,6 +96,8 @@ def unexpected(err: Exception, recorder: Any, checkpoint_dir: Path, command: str
     else "no checkpoint was complete yet"
   )
   gone = f"; the unfinished save ({', '.join(removed)}) was removed" if removed else ""
+  left = sorted(p.name for p in checkpoint_dir.glob("*.orbax-checkpoint-tmp*")) if checkpoint_dir.is_dir() else []
+  gone += f"; {', '.join(left)} was still being written: the next run removes it" if left else ""
   return RunEnded(f"{what} failed: {why}{gone}; {kept}; free space, then resume with: {command}", EXIT_NO_SPACE)
 
 

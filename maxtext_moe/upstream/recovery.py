@@ -15,6 +15,7 @@
 import datetime
 import math
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,7 +265,22 @@ def remove_incomplete_saves(checkpoint_dir: Path) -> list[str]:
     return []
   removed = []
   for path in sorted(checkpoint_dir.iterdir()):
-    if ".orbax-checkpoint-tmp" in path.name:
-      shutil.rmtree(path, ignore_errors=True)
+    if ".orbax-checkpoint-tmp" in path.name and _remove(path):
       removed.append(path.name)
   return removed
+
+
+def _remove(path: Path, *, wait_s: float = 10.0) -> bool:
+  """Removes `path`, again while a background writer of the failed save (Orbax's async threads, which
+  outlive the error that ended the run) recreates files under it; True once it is gone. What is said
+  removed is gone; what is not is left for the next run's start, which removes it."""
+  deadline = time.monotonic() + wait_s
+  while True:
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists():
+      time.sleep(0.2)  # a writer that was mid-file may create its directory again: look once more
+      if not path.exists():
+        return True
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.2)
