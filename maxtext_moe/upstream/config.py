@@ -91,9 +91,8 @@ _RESOLVERS = {
 
 
 def install_resolvers() -> None:
-  """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (a file in the installed maxtext's configs),
-  `${moe_configs:base.yml}` (one in ours: a recipe file anywhere names our base or a shipped recipe so),
-  `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
+  """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (in the installed maxtext's configs),
+  `${moe_configs:base.yml}` (in ours), `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
   offline corpus parquet) and `${moe_sft_example:train|eval|tokenizer}` (the SFT example's files), both
   built and cached on first use."""
   for name, fn in _RESOLVERS.items():
