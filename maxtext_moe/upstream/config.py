@@ -92,9 +92,9 @@ _RESOLVERS = {
 
 def install_resolvers() -> None:
   """YAML-side helpers (idempotent): `${maxtext_configs:base.yml}` (in the installed maxtext's configs),
-  `${moe_configs:base.yml}` (in ours), `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets), `${moe_corpus:python_stdlib}` (an
-  offline corpus parquet) and `${moe_sft_example:train|eval|tokenizer}` (the SFT example's files), both
-  built and cached on first use."""
+  `${moe_configs:base.yml}` (in ours), `${maxtext_assets:tokenizers/tokenizer.llama2}` (in its assets),
+  `${moe_corpus:python_stdlib}` (an offline corpus parquet) and `${moe_sft_example:train|eval|tokenizer}`
+  (the SFT example's files), both built and cached on first use."""
   for name, fn in _RESOLVERS.items():
     if not omegaconf.OmegaConf.has_resolver(name):
       omegaconf.OmegaConf.register_resolver(name, fn, use_cache=True)
