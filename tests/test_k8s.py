@@ -245,3 +245,6 @@ def test_checkpoint_paths_that_exist_only_in_the_pods_are_passed_not_checked_her
   assert (resolved.nodes, resolved.gpus_per_node, resolved.nodes_per_domain, resolved.domains) == (64, 4, 16, 4)
   command = _pod_command(docs)
   assert command[command.index("--nodes") + 2 :][:2] == ckpt and "finetune=false" not in command
+  tok = ["tokenizer_type=huggingface", "tokenizer_path=/checkpoints/tok", "vocab_from_tokenizer=true"]
+  _, docs = k8s.for_recipe(k8s.Request("proxy", "h200x8/deepseek3-proxy-16b", tok, 2, "reg/maxtext-moe:0.1.0"))
+  assert all(t in _pod_command(docs) for t in tok), "the pods' tokenizer: passed on, not read here"

@@ -45,7 +45,7 @@ COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 CHANNEL_CLAIM = "imex-channel"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
-POD_PATHS = ("model_file", "load_parameters_path")
+POD_PATHS = ("model_file", "load_parameters_path", "tokenizer_path")
 
 
 @dataclass(frozen=True)
@@ -260,10 +260,11 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _here(overrides: list[str]) -> list[str]:
-  """The overrides this machine checks the recipe with: a model_file or load_parameters_path that exists
-  only in the pods (the checkpoint volume) is left out here (the layout is then checked on the recipe's own
-  model) and passed to the pods as given."""
+  """The overrides this machine checks the recipe with: a model_file, load_parameters_path or tokenizer_path
+  that exists only in the pods (the checkpoint volume) is left out here (the layout is then checked on the
+  recipe's own model) and passed to the pods as given."""
   gone = {k for k, _, v in (o.partition("=") for o in overrides) if k in POD_PATHS and v and not Path(v).exists()}
+  gone |= {"vocab_from_tokenizer"} if "tokenizer_path" in gone else set()  # it reads the pods' tokenizer
   kept = [o for o in overrides if o.partition("=")[0] not in gone]
   return kept + (["finetune=false"] if "load_parameters_path" in gone else [])
 
