@@ -36,18 +36,23 @@ def _wait(predicate, seconds: float, what: str) -> None:
     time.sleep(1)
 
 
+def _submit(cluster, tmp_path, args: list[str]) -> str:
+  """`sbatch train.sbatch ARGS` as job `req` (one node, two tasks, no GPUs); returns the job id."""
+  sub = cluster.run(
+    "sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--job-name=req",
+    f"--output={tmp_path}/%x-%j.out", str(REPO / "scripts" / "slurm" / "train.sbatch"), *args,
+  )  # fmt: skip
+  assert sub.returncode == 0, sub.stderr
+  return sub.stdout.strip().split(";")[0]
+
+
 def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(cluster, tmp_path):
   out = tmp_path / "out"
   env = {"OUT": str(out), "IMAGE": "", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
   env |= {"PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
   cluster.env |= env
   args = ["cpu/deepseek3-tiny", f"steps={STEPS}", "checkpoint_period=1000", "progress=plain", *FAST]
-  sub = cluster.run(
-    "sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--job-name=req",
-    f"--output={tmp_path}/%x-%j.out", str(REPO / "scripts" / "slurm" / "train.sbatch"), *args,
-  )  # fmt: skip
-  assert sub.returncode == 0, sub.stderr
-  job = sub.stdout.strip().split(";")[0]
+  job = _submit(cluster, tmp_path, args)
   log = tmp_path / f"req-{job}.out"
   _wait(lambda: log.exists() and "step     3/" in log.read_text(), 420, "step 3")
   text = log.read_text()
@@ -64,12 +69,7 @@ def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(clus
   rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == list(range(STEPS)), "every step once, across the stop and the requeue"
   more = [a if not a.startswith("steps=") else f"steps={STEPS + 2}" for a in args]
-  again = cluster.run(
-    "sbatch", "--parsable", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--job-name=req",
-    f"--output={tmp_path}/%x-%j.out", str(REPO / "scripts" / "slurm" / "train.sbatch"), *more,
-  )  # fmt: skip
-  assert again.returncode == 0, again.stderr
-  job2 = again.stdout.strip().split(";")[0]
+  job2 = _submit(cluster, tmp_path, more)
   _wait(lambda: cluster.state(job2) in ("COMPLETED", "FAILED", "CANCELLED"), 420, "the resubmitted job's end")
   text2 = (tmp_path / f"req-{job2}.out").read_text()
   assert cluster.state(job2) == "COMPLETED", text2[-4000:]

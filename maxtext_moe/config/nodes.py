@@ -70,9 +70,7 @@ def _per_slice(hardware: str, nodes: int, g: int, ici: dict[str, int]) -> int:
 
 
 def _problem(hardware: str, nodes: int, g: int, ici: dict[str, int], dcn: dict[str, int]) -> str | None:
-  """Why `nodes` nodes cannot run this layout (None when they can)."""
-  if nodes < 1:
-    return f"nodes={nodes}: a job has at least one node"
+  """Why `nodes` (>= 1) nodes cannot run this layout (None when they can)."""
   model = gpu(hardware)
   per_slice = _per_slice(hardware, nodes, g, ici)
   domain = min(model.nvlink_domain, g) if model.nvlink_domain == model.gpus_per_node else model.nvlink_domain

@@ -2,13 +2,17 @@
 (`vocab_from_tokenizer`): its length rounded up to a multiple of 128. The corpus itself is checked and
 staged by `pretrain.text`."""
 
+import functools
+
 from maxtext_moe.errors import UserError
 
 VOCAB_MULTIPLE = 128  # the GEMM-friendly size MaxText's own vocabularies are padded to
 
 
+@functools.lru_cache(maxsize=8)
 def tokenizer_size(path: str) -> int:
-  """The number of tokens of the Hugging Face tokenizer at `path` (its added tokens included)."""
+  """The number of tokens of the Hugging Face tokenizer at `path` (its added tokens included); loaded once
+  per process and path (every read of the layers with vocab_from_tokenizer asks)."""
   from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
 
   try:

@@ -16,6 +16,7 @@ timed. A layout is judged by tokens/s per GPU at its own global batch; what it g
 """
 
 import dataclasses
+import functools
 import math
 import tempfile
 from pathlib import Path
@@ -146,12 +147,15 @@ def base_of(model: str, gpu: str | None, nodes: int, overrides: list[str]) -> Ba
   return Base(_template_file(keys), sized, keys, model)
 
 
-_TEMPLATES = tempfile.TemporaryDirectory(prefix="maxtext-moe-search-")
+@functools.cache
+def _templates() -> tempfile.TemporaryDirectory:
+  """A folder for template recipe files, made on the first search and removed when the process ends."""
+  return tempfile.TemporaryDirectory(prefix="maxtext-moe-search-")
 
 
 def _template_file(keys: dict[str, Any]) -> Path:
-  """The template as a recipe file MaxText reads (in a folder removed when the process ends)."""
-  path = Path(_TEMPLATES.name) / f"{keys['model_name']}-on-{keys['recipe_hardware']}.yml"
+  """The template as a recipe file MaxText reads."""
+  path = Path(_templates().name) / f"{keys['model_name']}-on-{keys['recipe_hardware']}.yml"
   path.write_text(yaml.safe_dump(keys, sort_keys=False), encoding="utf-8")
   return path
 
