@@ -27,7 +27,7 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
       ["moe_dispatch=ragged_all_to_all", "moe_capacity_factor=1.25"],
       "moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0",
     ),
-    (["quantization=fp8"], "moe_impl=dropless does not support quantization yet"),
+    (["quantization=int8"], "moe_impl=dropless: quantization=int8 is AQT's integer path"),
     (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
     (["emb_dim=96"], "emb_dim is derived by MaxText from other keys and would be ignored; set base_emb_dim instead"),
     (["checkpoint_dir=/x"], "checkpoint_dir is derived by MaxText from other keys and would be ignored; it cannot"),

@@ -316,7 +316,7 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
         "moe_mlpwi_0=remat",
         "moe_mlpwi_1=remat",
         "moe_mlpwo=remat",
-        "quantization=",
+        "quantization=fp8",
         "attention=cudnn_flash_jax",
       ],
     ),
@@ -333,7 +333,7 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
 )
 def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   """Without TE: MaxText's TE block becomes our portable block (not MaxText's sparse_matmul, whose ragged
-  path needed 1,049 GiB of temporaries per GPU here), TE's FP8 dense GEMMs bf16; each said once. With TE
+  path needed 1,049 GiB of temporaries per GPU here), TE's FP8 dense GEMMs Flax's FP8 dot; each said once. With TE
   (setup.sh --gpu-compile-te) TE's grouped GEMM stays, and what needs a device while tracing goes: TE's
   NCCL EP (MXFP8 with it, for FP8), MaxText's TE block (its EP is TE's), cuDNN's attention."""
   from maxtext_moe.tools.compile import substitutions
@@ -345,8 +345,10 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   assert len(said) == (3 if recipe.endswith("nvidia") else 5), said  # ours: te, its MXFP8, te_ep, offload, cuDNN
   with_te, said_te = substitutions(r, te_available=True)
   if recipe.endswith("nvidia"):
-    assert with_te == [w.replace("moe_gemm_backend=tokamax", "moe_gemm_backend=te") for w in want]
-    assert len(said_te) == 3 and "whose expert parallelism is TE's NCCL EP" in said_te[0], said_te
+    # with TE its FP8 dense GEMMs are compiled as themselves
+    want_te = [w.replace("moe_gemm_backend=tokamax", "moe_gemm_backend=te") for w in want if w != "quantization=fp8"]
+    assert with_te == want_te
+    assert len(said_te) == 2 and "whose expert parallelism is TE's NCCL EP" in said_te[0], said_te
   else:
     assert with_te == ["moe_dispatch=all_to_all", "moe_gemm_quantization=fp8", "attention=cudnn_flash_jax"]
     assert len(said_te) == 4 and "ep_bootstrap" in said_te[0] and "in fp8" in said_te[1], said_te

@@ -23,10 +23,10 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
     from maxtext_moe.bench import flag_profiles
 
     flag_profiles.run(out=out, as_json=ns.json, only=ns.gpu or None)
-  elif ns.which == "timemodel":
-    from maxtext_moe.bench import timemodel
+  elif ns.which in ("timemodel", "fp8"):
+    from maxtext_moe.bench import fp8_loss, timemodel
 
-    timemodel.run(out=out, as_json=ns.json, quick=ns.quick)
+    (timemodel if ns.which == "timemodel" else fp8_loss).run(out=out, as_json=ns.json, quick=ns.quick)
   elif ns.which == "convert":
     from maxtext_moe.bench import convert_speed
 
@@ -230,10 +230,12 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     "scaling, Megatron-Core's 970 on GB200), then the fastest layouts of our block on 128 and 1,024 GB300s "
     "(maxtext_moe/bench/timemodel.py); about 4 minutes, --quick (no layout search) under 1. flags: what each GPU "
     "flag profile changes in the compiled step (async pairs, streams, command buffers, host syncs), XLA:GPU "
-    "without a GPU (maxtext_moe/bench/flag_profiles.py); about 2 minutes per case, --gpu CASE for one.",
+    "without a GPU (maxtext_moe/bench/flag_profiles.py); about 2 minutes per case, --gpu CASE for one. "
+    "fp8: the tiny model's loss with FP8 dense GEMMs (quantization=fp8) against bf16 over 100 steps "
+    "(maxtext_moe/bench/fp8_loss.py); about 6 minutes, --quick 20 steps.",
   )
-  p.add_argument("which", choices=["moe", "convert", "plan", "timemodel", "flags"], help="which benchmark")
-  p.add_argument("--quick", action="store_true", help="plan: only the two tiny cases; timemodel: no layout search")
+  p.add_argument("which", choices=["moe", "convert", "plan", "timemodel", "flags", "fp8"], help="which benchmark")
+  p.add_argument("--quick", action="store_true", help="plan: the two tiny cases; timemodel: no search; fp8: 20 steps")
   p.add_argument(
     "--gpu",
     nargs="?",

@@ -8,6 +8,7 @@ the plugin's pydantic config class (see `upstream.config`), after MaxText's own 
 from typing import Any
 
 from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism, fixed_layout_size, parallelism_axes
+from maxtext_moe.config.quantization import check_dense_quantization
 from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization
 
 
@@ -116,12 +117,12 @@ def check_gemm_quantization(cfg: Any) -> None:
 
 
 def check_block_supports_model(cfg: Any) -> None:
-  """What our block does not compute: quantized dense layers, MLP biases, clamped or non-gated activations,
-  Llama 4's and GPT-OSS's MoE."""
+  """What our block does not compute: MLP biases, clamped or non-gated activations, Llama 4's and GPT-OSS's
+  MoE; and the `quantization` values that cannot mean its dense GEMMs (config.quantization)."""
   if not _dropless(cfg):
     return
+  check_dense_quantization(cfg)
   unsupported = {
-    "quantization": bool(cfg.quantization and str(getattr(cfg.quantization, "value", cfg.quantization))),
     "mlp_bias": bool(cfg.mlp_bias),
     "mlp_activations_limit": getattr(cfg, "mlp_activations_limit", 0.0) > 0,
     f"decoder_block={cfg.decoder_block}": str(getattr(cfg.decoder_block, "value", cfg.decoder_block))

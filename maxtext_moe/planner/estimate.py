@@ -28,6 +28,8 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                               each device's experts): the experts' matrices with their weight gradients,
                               the other weights of a MoE and a dense layer
                             + T x D residual-stream temporaries
+                            + with FP8/MXFP8 dense GEMMs (`quantization`), their quantized operands: one
+                              layer's non-expert weights and the widest GEMM input, row- and column-wise
   MoE rows R   what our dispatchers allocate, dropless sizes being worst cases:
                  local  T x K;  all_to_all  EP x cap x K (cap = T dropless);  ragged_all_to_all  T x EP x K;
                  with moe_buffers=bounded (all_to_all, ragged_all_to_all) one round's EP x (G + K - 1),
@@ -46,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from maxtext_moe.config.layout import mesh_sizes
+from maxtext_moe.config.quantization import dense_format, quantization_name
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
 from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
@@ -86,6 +89,7 @@ class Estimate:
   host_capacity: int | None
   tflops_per_step: float
   tokens_per_step: int
+  fp8_copies: int = 0  # a layer's backward: the quantized copies of the dense GEMMs' operands (FP8 dense)
   host_state: int = 0  # of `host`: the optimizer state and parameters offload puts there (no activations)
   overrides: list[str] = dataclasses.field(default_factory=list)
 
@@ -169,6 +173,24 @@ def _layer_weights_bytes(
   return experts + copies.layer_weight_copies * (one.moe_other + one.dense) * d_b
 
 
+# Bytes per element of a quantized GEMM operand: Transformer Engine keeps a row-wise and a column-wise
+# copy (the forward's and the backward's layouts), 1 byte each, and MXFP8 one E8M0 scale per 32 elements
+# of each; per-tensor FP8 scales are a few floats.
+_QUANTIZED_BYTES = {"fp8": 2.0, "mxfp8": 2.0 + 2 / 32}
+
+
+def _fp8_dense_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], tokens: int) -> int:
+  """The quantized copies the dense GEMMs add to a layer's backward when `quantization` is FP8 or MXFP8:
+  one layer's non-expert weights as computed with (the router's included, a small over-count), and the
+  largest GEMM input (T x the widest of D, the MLP's hidden size, heads x value head size)."""
+  fmt = dense_format(quantization_name(cfg))
+  if fmt not in _QUANTIZED_BYTES:
+    return 0
+  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
+  widest = max(int(cfg.emb_dim), int(cfg.mlp_dim), int(cfg.num_query_heads) * int(getattr(cfg, "v_head_dim", 0) or 0))
+  return int(_QUANTIZED_BYTES[fmt] * (one.moe_other + one.dense + tokens * widest))
+
+
 def _attention_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -> int:
   """The attention backward's buffers: L x L scores for dot-product attention, q/k/v/out for flash."""
   seq, heads = int(cfg.max_target_length), int(cfg.num_query_heads)
@@ -209,8 +231,9 @@ def estimate(
   attention = _attention_bytes(cfg, tokens, d_b, copies)
   weights = _layer_weights_bytes(cfg, leaves, rules, sizes, d_b, copies)
   activations = copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b
+  fp8 = _fp8_dense_bytes(cfg, leaves, rules, sizes, tokens)
   logits_phase, layer_logits = _logits_bytes(cfg, tokens, d_b, copies)
-  layer_phase = layer_logits + moe_dispatch + attention + weights + activations
+  layer_phase = layer_logits + moe_dispatch + attention + weights + activations + fp8
 
   saved, saved_host = saved_activations.total(cfg, tokens, d_b, rows, recomputed=experts_recomputed(cfg, dispatch))
   host = host_state = 0
@@ -232,6 +255,7 @@ def estimate(
     attention=attention,
     layer_weights=weights,
     layer_activations=activations,
+    fp8_copies=fp8,
     host=host,
     device_total=params + optimizer + grads + scan_copy + saved + max(logits_phase, layer_phase),
     hbm=None if hbm_gib is None else int(hbm_gib * GIB),

@@ -75,6 +75,7 @@ class MemoryPlan:
       f"  {'layer phase: attention':<44}{_gib(e.attention):>10}",
       f"  {'layer phase: layer weights and gradients':<44}{_gib(e.layer_weights):>10}",
       f"  {'layer phase: residual-stream temporaries':<44}{_gib(e.layer_activations):>10}",
+      *([f"  {'layer phase: FP8 copies (dense GEMMs)':<44}{_gib(e.fp8_copies):>10}"] if e.fp8_copies else []),
       f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
       f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
       f"  {'host memory (offloaded)':<44}{_gib(e.host):>10}",

@@ -134,12 +134,17 @@ def _te_substitutions(maxtext: dict[str, Any], *, te_available: bool) -> tuple[l
       f"instead ({gemm} grouped GEMM, all_to_all dispatch, unfused weights, its expert outputs recomputed as "
       "TE's residuals are)"
     )
-    if quantization:
-      extra.append("quantization=")
-      said.append(f"quantization={quantization}: our block's dense layers are bf16, so they are compiled in bf16")
+  if quantization.startswith("te_") and quantization != "te_no_quant" and not te_available:
+    # Flax's FP8 dot (MaxText's `fp8`): XLA:GPU's own FP8 GEMMs (cuBLASLt), the same operands in FP8.
+    extra.append("quantization=fp8")
+    said.append(
+      f"quantization={quantization} is Transformer Engine's dense GEMM, which does not import here: compiled "
+      "with MaxText's fp8 (Flax's FP8 dot, cuBLASLt's FP8 GEMMs in XLA:GPU)"
+      + (", per-tensor scales for MXFP8's blocks" if quantization == "te_mxfp8" else "")
+    )
   elif quantization.startswith("te_") and not te_available:
     extra.append("quantization=")
-    said.append(f"quantization={quantization} needs Transformer Engine: compiled with bf16 dense GEMMs")
+    said.append(f"quantization={quantization} is Transformer Engine's bf16 dense: compiled with MaxText's own")
   return extra, said
 
 

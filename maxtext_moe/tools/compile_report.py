@@ -55,6 +55,7 @@ def build(
     "while_loops": program["while_loops"],
     "unknown_trip_while_loops": program["unknown_trip_while_loops"],
     "gemms": program["gemms"],
+    "gemm_formats": program["gemm_formats"],
     "async_starts": program["async_starts"],
     "operation_queues": program["operation_queues"],
     "command_buffers": program["command_buffers"],
@@ -137,7 +138,8 @@ def format_report(r: dict[str, Any]) -> str:
     f"when every branch runs ({r['conditionals']} conditionals, "
     f"{r['conditionals_in_command_buffers']} in command buffers; {r['while_loops']} while loops, "
     f"{r['unknown_trip_while_loops']} of unknown trip count)",
-    "  GEMMs per step: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["gemms"].items())),
+    "  GEMMs per step by kind and format: "
+    + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r.get("gemm_formats", r["gemms"]).items())),
     f"  schedule: {r['command_buffers']} command buffers, {r['operation_queues']} operation queue(s), async "
     + ", ".join(f"{k} {v}" for k, v in sorted(r["async_starts"].items())),
   ]

@@ -12,8 +12,8 @@ per execution of the conditional; fusion bodies are one kernel, not walked), and
 - conditionals and loops: a `conditional` outside a command buffer and a `while` without a known trip count
   are host syncs on XLA:GPU (the predicate is copied to the host and the host waits for the stream), each
   time they run;
-- GEMMs by kind: cuBLAS custom calls, Triton GEMM fusions, TE's grouped GEMM, Mosaic/Pallas kernels, plain
-  dot fusions.
+- GEMMs by kind: cuBLAS custom calls, Triton GEMM fusions, TE's dense and grouped GEMMs, Mosaic/Pallas
+  kernels, plain dot fusions; and by kind and number format (FP8, MXFP8, bf16, ...) from their operands.
 
 Shape legend: none (text in, counts out).
 """
@@ -23,6 +23,8 @@ import math
 import re
 from collections import defaultdict
 from typing import Any
+
+from maxtext_moe.tools.hlo_gemms import gemm_format, gemm_kind
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4}
 _BYTES |= {"s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1, "u4": 1, "token": 0}
@@ -35,7 +37,6 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 COLLECTIVES = (
   "all-gather",
   "all-reduce",
@@ -168,29 +169,6 @@ def _collective(ins: Instr) -> str | None:
   return None
 
 
-def _gemm_kind(ins: Instr) -> str | None:
-  if ins.opcode == "custom-call":
-    target = (_TARGET.search(ins.rest) or [None, ""])[1]
-    if "cublas" in target:
-      return "cublas"
-    if "te_grouped_gemm" in target or "grouped_gemm" in target:
-      return "te_grouped_gemm"
-    if "mosaic" in target:
-      return "mosaic_gpu"
-    if "triton" in target:
-      return "pallas_triton"
-    if "cudnn$fmha" in target:
-      return "cudnn_attention"  # cuDNN's fused (flash) attention, forward or backward
-    if "cudnn" in target:
-      return "cudnn"
-    return None
-  if ins.opcode == "fusion" and "__triton" in ins.rest and ("gemm" in ins.rest or "dot" in ins.name):
-    return "triton_gemm"
-  if ins.opcode in ("dot", "convolution"):
-    return "dot"
-  return None
-
-
 def _on_host(shape: str) -> bool:
   return HOST_MEMORY_SPACE in shape
 
@@ -239,6 +217,7 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
   collectives: dict[str, dict] = {}
   host: dict[str, dict] = {}
   gemms: dict[str, float] = defaultdict(float)
+  formats: dict[str, float] = defaultdict(float)
   out = {"conditionals": 0, "conditionals_in_command_buffers": 0, "while_loops": 0, "unknown_trip_while_loops": 0}
   out |= {"host_syncs_per_step": 0.0, "host_syncs_per_step_at_most": 0.0}
   for comp, instrs in comps.items():
@@ -256,12 +235,20 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         _add(collectives, key, runs=n, nbytes=nbytes, kind=kind, group_size=size, is_async=is_async, axes=list(axes))
       if move := _host_move(ins, shapes):
         _add(host, move[0], runs=n, nbytes=move[1])
-      if gemm := _gemm_kind(ins):
+      if gemm := gemm_kind(ins):
         gemms[gemm] += n
+        formats[f"{gemm} {gemm_format(ins)}"] += n
       syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))
       out["host_syncs_per_step_at_most"] += n * syncs
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
-  return {"collectives": collectives, "host_transfers": host, "gemms": dict(gemms), **out, **schedule(comps)}
+  return {
+    "collectives": collectives,
+    "host_transfers": host,
+    "gemms": dict(gemms),
+    "gemm_formats": dict(formats),
+    **out,
+    **schedule(comps),
+  }
 
 
 _QUEUE = re.compile(r'"operation_queue_id":"(\d+)"')

@@ -9,6 +9,7 @@ untouched, so checkpoints stay interchangeable with stock MaxText. With `moe_imp
 through to MaxText's own method.
 """
 
+import inspect
 import math
 from typing import Any
 
@@ -182,6 +183,22 @@ def dropless_sparse_matmul(
   return y_TD.reshape(b, s, d), lb_loss, _bias_updates(self, ids_TK)
 
 
+def routed_moe_init(self, config, *args, **kwargs):
+  """RoutedMoE built without MaxText's `quant` under our block: the dense layers around it quantize
+  (`quantization`), while the router stays in the model's dtype, as DeepSeek-V3 and NVIDIA's published run
+  keep it, and the routed experts follow `moe_gemm_quantization` in our grouped GEMM. Without `quant` MaxText
+  adds no FP8 einsum state under the block, so the block's parameter tree is the bf16 one."""
+  init = original(mt_moe.RoutedMoE, "__init__")
+  call = inspect.signature(init).bind(self, config, *args, **kwargs)
+  if str(getattr(config, "moe_impl", MoEImpl.MAXTEXT)) == MoEImpl.DROPLESS:
+    call.arguments["quant"] = None
+  init(*call.args, **call.kwargs)
+
+
 def patches() -> list[Patch]:
-  """Our block in place of RoutedMoE.sparse_matmul (configs with moe_impl=maxtext still reach MaxText's)."""
-  return [Patch(mt_moe.RoutedMoE, "sparse_matmul", dropless_sparse_matmul)]
+  """Our block in place of RoutedMoE.sparse_matmul, and RoutedMoE without `quant` under it (configs with
+  moe_impl=maxtext still reach MaxText's own)."""
+  return [
+    Patch(mt_moe.RoutedMoE, "sparse_matmul", dropless_sparse_matmul),
+    Patch(mt_moe.RoutedMoE, "__init__", routed_moe_init),
+  ]
