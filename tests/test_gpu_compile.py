@@ -232,13 +232,13 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   """The one XLA:GPU compile of the suite: the 16B proxy at its full 8 H200s (EP=8; the dense weights are
   sharded over the expert axis), a dense and four MoE layers (with two, XLA's double-buffered loop has one
   trip and is unrolled away, and the step no longer holds its layers' gradients as the full model's does),
-  short sequences, activations offloaded, through the real command as a user runs it. Its program has the
-  expert axis's all-to-all and the weights' gathers over it, no host sync but the bounded rounds' one
-  conditional per MoE layer and pass, the scanned layers' offloaded activations written to host memory and
-  read back, Mosaic GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted)
-  config."""
+  short sequences, activations offloaded, our bounded rounds named (without, te_ep's stand-in is all_to_all
+  at its worst case), through the real command as a user runs it. Its program has the expert axis's
+  all-to-all and the weights' gathers over it, no host sync but the bounded rounds' one conditional per MoE
+  layer and pass, the scanned layers' offloaded activations written to host memory and read back, Mosaic
+  GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted) config."""
   args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=5"]
-  args += ["first_num_dense_layers=1", "offload=activations"]
+  args += ["first_num_dense_layers=1", "offload=activations", "moe_buffers=bounded"]
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
   r = subprocess.run(
     [sys.executable, "-m", "maxtext_moe", *args],
@@ -257,10 +257,12 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   assert ("all-to-all", 8) in kinds and ("all-gather", 8) in kinds, report["collectives"]
   assert report["unknown_trip_while_loops"] == 0
   assert report["host_syncs_per_step"] == 12, report  # the rounds' conditional: fwd, recompute, bwd x 4 layers
-  # Each MoE layer's input and attention output, [2 x 1,024 x 2,048] bf16 per GPU, to the host, and read back.
+  # Each MoE layer's input and attention output, [2 x 1,024 x 2,048] bf16 per GPU, to the host, and read back
+  # (the rounds keep the experts' outputs unnamed: recomputed, not offloaded).
   row = 2 * 1024 * 2048 * 2
   assert report["host_transfers"]["to_host"]["bytes"] == 8 * row, report["host_transfers"]
   assert report["host_transfers"]["from_host"]["bytes"] >= 4 * row, report["host_transfers"]
+  assert any("(its buffers as moe_buffers says)" in s for s in report["substitutions"]), report["substitutions"]
   assert report["gemms"].get("mosaic_gpu", 0) > 0 and "triton_gemm" in report["gemms"]
   assert abs(report["rel_error"]) <= 0.10, report
   assert report["peak"]["peak_bytes"] > 0 and (tmp_path / "train_step.after_optimizations.txt").stat().st_size > 0
@@ -326,6 +328,8 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
         "moe_gemm_backend=tokamax",
         "moe_gemm_quantization=none",
         "moe_dispatch=all_to_all",
+        "moe_buffers=worst_case",
+        "quantization=fp8",
         "attention=cudnn_flash_jax",
       ],
     ),
@@ -342,7 +346,7 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   r = recipes.read(recipe, [], keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
   assert extra == want
-  assert len(said) == (3 if recipe.endswith("nvidia") else 5), said  # ours: te, its MXFP8, te_ep, offload, cuDNN
+  assert len(said) == (3 if recipe.endswith("nvidia") else 6), said  # ours: te, its MXFP8, te_ep, offload, FP8, cuDNN
   with_te, said_te = substitutions(r, te_available=True)
   if recipe.endswith("nvidia"):
     # with TE its FP8 dense GEMMs are compiled as themselves
@@ -350,7 +354,8 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
     assert with_te == want_te
     assert len(said_te) == 2 and "whose expert parallelism is TE's NCCL EP" in said_te[0], said_te
   else:
-    assert with_te == ["moe_dispatch=all_to_all", "moe_gemm_quantization=fp8", "attention=cudnn_flash_jax"]
+    want_te = ["moe_dispatch=all_to_all", "moe_buffers=worst_case", "moe_gemm_quantization=fp8"]
+    assert with_te == [*want_te, "attention=cudnn_flash_jax"]
     assert len(said_te) == 4 and "ep_bootstrap" in said_te[0] and "in fp8" in said_te[1], said_te
 
 

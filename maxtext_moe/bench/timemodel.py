@@ -14,7 +14,8 @@ Published points whose configuration is known:
   pipeline's bubble and point-to-point sends), the same FLOP count.
 
 Every ratio is predicted / published; the target is 0.75-1.33. No constant of the model is fitted to these.
-The layout search then ranks our block's layouts (EP x FSDP splits, micro-batch, remat) on 128 and 1,024
+The layout search then ranks our block's layouts (EP x FSDP splits, micro-batch, the experts' remat:
+recomputed, gated outputs saved or offloaded, full remat; dense GEMMs in bf16 or FP8) on 128 and 1,024
 GB300s by predicted TFLOP/s per GPU among those the planner says fit.
 """
 
@@ -144,26 +145,43 @@ def published() -> list[dict[str, Any]]:
   ]
 
 
+# The experts' three GEMM outputs (our block's remat names) under the custom policy: recomputed in the
+# backward (with the exchange they need), the gated pair saved and the down projection recomputed, or the
+# gated pair offloaded to host memory; or the whole layer recomputed (full remat).
+_EXPERT_REMAT = {
+  "experts recomputed": ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"],
+  "experts' wi saved": ["moe_mlpwi_0=device", "moe_mlpwi_1=device", "moe_mlpwo=remat"],
+  "experts' wi offloaded": ["moe_mlpwi_0=offload", "moe_mlpwi_1=offload", "moe_mlpwo=remat"],
+  "full": ["remat_policy=full"],
+}
+_DENSE = {"dense bf16": ["quantization="], "dense FP8": ["quantization=te_fp8_currentscaling"]}
+
+
 def _layouts(devices: int) -> list[tuple[str, list[str]]]:
-  """Our block's layouts on `devices` GB300s: EP x FSDP inside each rack of 64, FSDP (or data) across."""
+  """Our block's layouts on `devices` GB300s: EP x FSDP inside each rack of 64, FSDP (or data) across, the
+  micro-batch, the experts' remat and the dense GEMMs' format."""
   racks = devices // 64
   across = [[f"dcn_fsdp_parallelism={racks}", "dcn_data_parallelism=1"]]
   if racks > 2:
     across.append([f"dcn_fsdp_parallelism={racks // 2}", "dcn_data_parallelism=2"])
   base = [f"nodes={devices // 4}"]  # 4 GB300s per node; the racks follow
-  moe_remat = ["moe_mlpwi_0=remat", "moe_mlpwi_1=remat", "moe_mlpwo=remat"]
   out = []
   for ep in (4, 8, 16, 32, 64):
     for dcn in across:
+      label = f"EP{ep} x FSDP{64 // ep * int(dcn[0].split('=')[1])}" + (
+        " x DP2" if "dcn_data_parallelism=2" in dcn else ""
+      )
+      layout = [f"ici_expert_parallelism={ep}", f"ici_fsdp_parallelism={64 // ep}", *dcn]
+      remats = _EXPERT_REMAT
+      if "dcn_data_parallelism=2" in dcn:  # data x fsdp: TE's EP cannot split it (mesh_axes.te_ep_layout_problem)
+        label += ", all_to_all bounded, grouped FP8"  # MXFP8 needs te_ep's aligned groups
+        layout += ["moe_dispatch=all_to_all", "moe_gemm_quantization=fp8"]
+        remats = {k: v for k, v in _EXPERT_REMAT.items() if k in ("experts recomputed", "full")}  # rounds recompute
       for pdbs in (2, 4, 6):
-        for remat_name, remat in (("custom, experts recomputed", moe_remat), ("full", ["remat_policy=full"])):
-          layout = [f"ici_expert_parallelism={ep}", f"ici_fsdp_parallelism={64 // ep}", *dcn]
-          label = f"EP{ep} x FSDP{64 // ep * int(dcn[0].split('=')[1])}" + (
-            " x DP2" if "dcn_data_parallelism=2" in dcn else ""
-          )
-          out.append(
-            (f"{label}, batch {pdbs}, remat {remat_name}", [*base, *layout, f"per_device_batch_size={pdbs}", *remat])
-          )
+        for remat_name, remat in remats.items():
+          for dense_name, dense in _DENSE.items():
+            name = f"{label}, batch {pdbs}, {remat_name if remat_name != 'full' else 'remat full'}, {dense_name}"
+            out.append((name, [*base, *layout, f"per_device_batch_size={pdbs}", *remat, *dense]))
   return out
 
 

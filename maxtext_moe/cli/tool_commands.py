@@ -228,7 +228,7 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     "devices (maxtext_moe/bench/plan_accuracy.py); about 5 minutes on 2 cores, --quick about 1. "
     "timemodel: the step-time model against published DeepSeek-V3 figures (NVIDIA's 1,068 TFLOP/s and 97%% "
     "scaling, Megatron-Core's 970 on GB200), then the fastest layouts of our block on 128 and 1,024 GB300s "
-    "(maxtext_moe/bench/timemodel.py); about 4 minutes, --quick (no layout search) under 1. flags: what each GPU "
+    "(maxtext_moe/bench/timemodel.py); about 8 minutes, --quick (no layout search) under 1. flags: what each GPU "
     "flag profile changes in the compiled step (async pairs, streams, command buffers, host syncs), XLA:GPU "
     "without a GPU (maxtext_moe/bench/flag_profiles.py); about 2 minutes per case, --gpu CASE for one. "
     "fp8: the tiny model's loss with FP8 dense GEMMs (quantization=fp8) against bf16 over 100 steps "

@@ -122,6 +122,12 @@ def check_moe_path(cfg: Any) -> None:
       f"attention=cudnn_flash_te needs Transformer Engine, which does not import here ({te.status().reason}); "
       "run in the image, or set attention=dot_product"
     )
+  quantization = str(getattr(cfg.quantization, "value", cfg.quantization) or "")
+  if quantization.startswith("te_") and not te.status().available:
+    raise UserError(
+      f"quantization={quantization} is Transformer Engine's dense GEMM, which does not import here "
+      f"({te.status().reason}); run in the image, or use quantization=fp8 (XLA's own FP8 GEMMs) or none"
+    )
   if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
     return
   dispatch, gemm = moe_layer.resolved_kinds(cfg)

@@ -186,7 +186,8 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   for cls, flops in w.flops.items():
     fmt = w.formats.get(cls, "bf16")
     peak = gpu.peak_tflops.get(fmt, gpu.peak_tflops["bf16"]) * 1e12
-    parts[f"{cls} GEMMs ({fmt})" if cls != "attention" else "attention (bf16)"] = flops / (peak * eff[cls])
+    label = {"attention": "attention (bf16)", "head": f"unembedding and router GEMMs ({fmt})"}.get(cls)
+    parts[label or f"{cls} GEMMs ({fmt})"] = flops / (peak * eff.get(cls, eff["dense"]))
   parts["memory-bound ops"] = w.memory_bytes / (gpu.hbm_bandwidth * constant("hbm_efficiency"))
   compute = sum(parts.values())
   dense_rate = gpu.peak_tflops.get(w.formats.get("dense", "bf16"), gpu.peak_tflops["bf16"]) * 1e12 * eff["dense"]

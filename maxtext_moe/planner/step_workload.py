@@ -3,7 +3,8 @@
 - FLOPs: MaxText's own count (`calculate_tflops_training_per_device`), split into the routed experts'
   grouped GEMMs, the other GEMMs and attention by MaxText's helpers, plus the forward the remat policy
   recomputes (`full`: the whole forward again; `custom`: each tensor set to `remat`).
-- Number formats: the dense GEMMs' from MaxText's `quantization` (our block refuses it, so bf16 there),
+- Number formats: the dense GEMMs' from MaxText's `quantization` (the unembedding, and the router under our
+  block, stay bf16: with FP8 dense GEMMs they are their own class, `head`),
   the grouped GEMMs' from `te_gmm_quantization` (MaxText's TE block) or `moe_gemm_quantization` (ours).
 - Memory-bound ops, per token and layer in the forward (the backward twice that), in activation elements:
   2 norms (read + write D each), 2 residual adds (3 D each), q/k/v/out around RoPE and the attention
@@ -59,7 +60,7 @@ def _format(name: Any) -> str:
 def formats(cfg: Any) -> dict[str, str]:
   te_block = maxtext_te_block(cfg)
   grouped = _format(cfg.te_gmm_quantization) if te_block else _format(cfg.moe_gemm_quantization)
-  return {"dense": _format(cfg.quantization), "grouped": grouped, "attention": "bf16"}
+  return {"dense": _format(cfg.quantization), "grouped": grouped, "attention": "bf16", "head": "bf16"}
 
 
 def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
@@ -133,6 +134,10 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, str]:
     note += "; the experts' forward (and its exchange)"
   scale = 4 / 3 if step.full else 1  # the forward is a third of the training FLOPs
   model = {"dense": weights - routed, "grouped": routed, "attention": attention}
+  if formats(cfg)["dense"] != "bf16":  # MaxText never quantizes the unembedding; our block keeps the router bf16
+    per_token = int(cfg.vocab_size) + int(cfg.num_experts) * step.moe_layers * (not maxtext_te_block(cfg))
+    model["head"] = min(6 * step.tokens * int(cfg.emb_dim) * per_token / 1e12, model["dense"])
+    model["dense"] -= model["head"]
   flops = {cls: (tf * scale + recompute.get(cls, 0.0)) * 1e12 for cls, tf in model.items()}
   return flops, total, shared, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 

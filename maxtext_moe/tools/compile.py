@@ -85,9 +85,15 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       if te_available
       else "which needs TE and NCCL communicators"
     )
+    # te_ep's receive buffer holds the dropless worst case, and the experts' outputs are saved as the remat
+    # policy says: all_to_all at its worst case is that program (the bounded rounds recompute the experts).
+    # A moe_buffers the user names is kept.
+    named = any(o.startswith("moe_buffers=") for o in getattr(recipe, "user_overrides", ()))
+    if not named:
+      extra.append("moe_buffers=worst_case")
     said.append(
-      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), {why}; compiled with all_to_all (its "
-      "buffers as moe_buffers says)"
+      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), {why}; compiled with all_to_all "
+      + ("(its buffers as moe_buffers says)" if named else "at its worst-case buffers, as te_ep's receive buffer is")
     )
     if te_available and quantized == "mxfp8" and gemm in ("auto", "te"):
       extra.append("moe_gemm_quantization=fp8")

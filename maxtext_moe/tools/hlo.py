@@ -237,7 +237,7 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         _add(host, move[0], runs=n, nbytes=move[1])
       if gemm := gemm_kind(ins):
         gemms[gemm] += n
-        formats[f"{gemm} {gemm_format(ins)}"] += n
+        formats[f"{gemm} {gemm_format(ins, shapes)}"] += n
       syncs = _syncs(ins, out, buffered=graph.buffered.get(comp, False))
       out["host_syncs_per_step_at_most"] += n * syncs
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs

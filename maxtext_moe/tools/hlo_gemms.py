@@ -35,13 +35,17 @@ def gemm_kind(ins: Any) -> str | None:
   return None
 
 
-_OPERAND_TYPES = re.compile(r"\b(f8e[0-9a-z]+|bf16|f16|f32|f64|s8)\[")
+_TYPES = re.compile(r"\b(f8e[0-9a-z]+|bf16|f16|f32|f64|s8)\[")
+_OPERAND = re.compile(r"%([\w.\-]+)")
 
 
-def gemm_format(ins: Any) -> str:
-  """A GEMM's number format from its operands: 'mxfp8' (FP8 with E8M0 block scales), 'fp8', else the
-  narrowest float among them ('bf16', 'f16', 'f32') or 's8'."""
-  types = set(_OPERAND_TYPES.findall(ins.rest.split("),")[0]))
+def gemm_format(ins: Any, shapes: dict[str, str] | None = None) -> str:
+  """A GEMM's number format from its operands' types (written inline, or the shapes of the instructions it
+  names, as optimized HLO prints them): 'mxfp8' (FP8 with E8M0 block scales), 'fp8', else the narrowest
+  float among them ('bf16', 'f16', 'f32') or 's8'."""
+  operands = ins.rest.split("),")[0]
+  text = operands + " ".join((shapes or {}).get(name, "") for name in _OPERAND.findall(operands))
+  types = set(_TYPES.findall(text))
   if any(t.startswith("f8e8m0") for t in types):
     return "mxfp8"
   if any(t.startswith("f8") for t in types):
