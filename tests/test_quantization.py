@@ -124,11 +124,12 @@ def _tree(items) -> list[tuple[str, ...]]:
   return sorted(eval(k) for k in json.loads((items / "_METADATA").read_text())["tree_metadata"])  # noqa: S307
 
 
-def test_bf16_checkpoint_fine_tunes_in_fp8_and_exports_back(tmp_path):
+def test_bf16_checkpoint_fine_tunes_in_fp8_and_back_and_exports(tmp_path):
   """A converted (bf16) checkpoint has no FP8 scaling state. The FP8 run (learning rate 0, so its checkpoints
   hold what it loaded) loads the weights bit for bit, starts the state empty (after one step each amax
   history holds that step's amax alone), adds nothing but that state (one set per quantized dense GEMM, none
-  under the MoE block), and exports back to Hugging Face as the source was."""
+  under the MoE block), and exports back to Hugging Face as the source was. Its own checkpoint then loads
+  weights-only into a bf16 run, routing bias included."""
   from maxtext_moe.checkpoint import convert, export
   from maxtext_moe.checkpoint.orbax_io import LeafReader
   from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
@@ -163,6 +164,18 @@ def test_bf16_checkpoint_fine_tunes_in_fp8_and_exports_back(tmp_path):
   for k in state:
     if k[-1].endswith("history") and not k[-1].startswith("output_grad"):  # the forward's: one step recorded
       assert np.count_nonzero(got.read(k), axis=-1).max() == 1, k
+
+  # The FP8 run's own training checkpoint (Params under params/, the routing bias and the FP8 state under
+  # nnx_aux/) loads weights-only into a bf16 run: every Param, and the bias MaxText alone would not find.
+  run1 = run0.parents[1] / "1" / "items"
+  back = [a.replace("run_name=fp8", "run_name=bf16") for a in args if not a.startswith("load_parameters_path=")]
+  proc = run_cli([*back, f"load_parameters_path={run1}", "learning_rate=0", "steps=1"], cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  bf16 = LeafReader(tmp_path / "runs" / "bf16" / "checkpoints" / "0" / "items")
+  for k in weights:
+    np.testing.assert_array_equal(bf16.read(k), LeafReader(run1).read(k), "/".join(k))
+  moved = bf16.read(("nnx_aux", "model", *bias)) - LeafReader(run1).read(("nnx_aux", "model", *bias))
+  assert np.abs(moved).max() <= 0.001 + 1e-7 and np.abs(LeafReader(run1).read(("nnx_aux", "model", *bias))).max() > 0
 
   export.maxtext_to_hf(str(run0.parents[1] / "1"), None, str(tmp_path / "hf"))
   a, b = HFCheckpoint(source), HFCheckpoint(tmp_path / "hf")
