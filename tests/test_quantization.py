@@ -6,6 +6,7 @@ widening operands rounded to FP8): every `dot_general` whose operands are FP8, a
 the step takes as arguments (their names are in the module's locations).
 """
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -121,7 +122,7 @@ FP8_STATE += ("input_scale", "kernel_scale", "output_grad_scale")
 
 
 def _tree(items) -> list[tuple[str, ...]]:
-  return sorted(eval(k) for k in json.loads((items / "_METADATA").read_text())["tree_metadata"])  # noqa: S307
+  return sorted(ast.literal_eval(k) for k in json.loads((items / "_METADATA").read_text())["tree_metadata"])
 
 
 def test_bf16_checkpoint_fine_tunes_in_fp8_and_back_and_exports(tmp_path):

@@ -51,8 +51,9 @@ Leaf = tuple[tuple[str, ...], tuple[int, ...], tuple[str | None, ...]]
 
 def model_patches() -> list[Patch]:
   """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon, the mesh of
-  CPU processes as nodes, a weights-only load that reads our training checkpoints and starts the FP8 scaling state fresh."""
-  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches(), *weights_load.patches()]  # noqa: E501
+  CPU processes as nodes, a weights-only load that reads our training checkpoints and starts the FP8
+  scaling state fresh."""
+  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches(), *weights_load.patches()]
 
 
 def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:

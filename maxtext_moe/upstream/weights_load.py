@@ -22,6 +22,7 @@ Here the load asks MaxText for the Params, and reads the other variables from `n
 checkpoint has them there (whole arrays: biases and such are small), placed as the model shards them.
 """
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def _stored_names(items: Path) -> set[str] | None:
     meta = json.loads((items / "_METADATA").read_text())
   except (OSError, ValueError):
     return None
-  return {".".join(eval(k)) for k in meta.get("tree_metadata", {})}  # noqa: S307  # Orbax writes tuple reprs
+  return {".".join(ast.literal_eval(k)) for k in meta.get("tree_metadata", {})}  # Orbax writes tuple reprs
 
 
 def _items_dir(path: Any) -> Path:
