@@ -78,29 +78,8 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       extra.append("moe_gemm_quantization=none")
       said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
   if dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
-    extra.append("moe_dispatch=all_to_all")
-    why = (
-      "which needs NCCL communicators (ep_bootstrap) that a process without GPUs cannot create, and TE asks "
-      "them for its handle size while the step is traced"
-      if te_available
-      else "which needs TE and NCCL communicators"
-    )
-    # te_ep's receive buffer holds the dropless worst case, and the experts' outputs are saved as the remat
-    # policy says: all_to_all at its worst case is that program (the bounded rounds recompute the experts).
-    # A moe_buffers the user names is kept.
-    named = any(o.startswith("moe_buffers=") for o in getattr(recipe, "user_overrides", ()))
-    if not named:
-      extra.append("moe_buffers=worst_case")
-    said.append(
-      f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), {why}; compiled with all_to_all "
-      + ("(its buffers as moe_buffers says)" if named else "at its worst-case buffers, as te_ep's receive buffer is")
-    )
-    if te_available and quantized == "mxfp8" and gemm in ("auto", "te"):
-      extra.append("moe_gemm_quantization=fp8")
-      said.append(
-        "moe_gemm_quantization=mxfp8 needs te_ep's 128-row aligned groups: TE's grouped GEMM is compiled in fp8 "
-        "(per-tensor scales) instead"
-      )
+    ep_extra, ep_said = _te_ep_substitution(recipe, dispatch, gemm, te_available=te_available)
+    extra, said = extra + ep_extra, said + ep_said
   if keys.plugin.offload in ("optimizer", "optimizer_params", "all"):
     said.append(
       f"offload={keys.plugin.offload}: XLA:GPU's compile-only devices have no host memory space, so JAX 0.12 drops "
@@ -116,6 +95,34 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       "attention=cudnn_flash_te is TE's cuDNN flash attention, which asks the driver for its backend and builds "
       "cuDNN graphs while the step is traced: compiled with cudnn_flash_jax, the same cuDNN fused attention "
       "through XLA's own custom call (its workspace, which cuDNN sizes on a device, is not counted)"
+    )
+  return extra, said
+
+
+def _te_ep_substitution(recipe: Any, dispatch: str, gemm: str, *, te_available: bool) -> tuple[list[str], list[str]]:
+  """TE's NCCL EP, which never compiles here, as all_to_all: at its worst-case buffers, as te_ep's dropless
+  receive buffer is, so the experts' outputs a remat policy saves are in the program (the bounded rounds
+  recompute them whatever it says); a moe_buffers the user names is kept."""
+  extra, said = ["moe_dispatch=all_to_all"], []
+  quantized = str(recipe.keys.plugin.moe_gemm_quantization)
+  why = (
+    "which needs NCCL communicators (ep_bootstrap) that a process without GPUs cannot create, and TE asks "
+    "them for its handle size while the step is traced"
+    if te_available
+    else "which needs TE and NCCL communicators"
+  )
+  named = any(o.startswith("moe_buffers=") for o in getattr(recipe, "user_overrides", ()))
+  if not named:
+    extra.append("moe_buffers=worst_case")
+  said.append(
+    f"moe_dispatch={dispatch}: the container runs TE's NCCL EP (te_ep), {why}; compiled with all_to_all "
+    + ("(its buffers as moe_buffers says)" if named else "at its worst-case buffers, as te_ep's receive buffer is")
+  )
+  if te_available and quantized == "mxfp8" and gemm in ("auto", "te"):
+    extra.append("moe_gemm_quantization=fp8")
+    said.append(
+      "moe_gemm_quantization=mxfp8 needs te_ep's 128-row aligned groups: TE's grouped GEMM is compiled in fp8 "
+      "(per-tensor scales) instead"
     )
   return extra, said
 
