@@ -141,13 +141,16 @@ def _gpu_recipes() -> list:
 def test_every_gpu_recipe_fits_by_the_planner(recipe):
   """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64, mixtral on H100 and our
   gb300x128 at EP=8). NVIDIA's published run is kept as published, and NVIDIA ran it: the planner, which
-  counts MaxText's TE block with our block's buffers and what XLA keeps with memory to spare, puts it 1.6%
-  over the usable memory, where its compiled stand-in takes 231.4 GiB of 243.4 (XLA's scheduler keeps to
-  the budget JAX gives it); it is held to within 2% instead."""
+  counts MaxText's TE block with our block's buffers and what XLA keeps with memory to spare, put it 1.6%
+  over the usable memory, where its compiled stand-in took 231.4 GiB of 243.4 (XLA's scheduler keeps to
+  the budget JAX gives it); that over-count is held to within 2%. Since December 2026 the planner also
+  counts the FP8 copies of its dense GEMMs' operands (2.4 GiB), which are real: compiled with FP8 dense
+  GEMMs the stand-in grew by 1.8 GiB, to 233.2. They are outside that 2%."""
   result = memory_plan(recipe, [])
   if recipe.endswith("-nvidia"):  # MaxText's TE block: its receive buffer at ragged_buffer_factor x the balance
     assert result.base.moe_rows == 2 * 6 * 4096 * 8
-    assert abs(result.base.device_total - result.base.hbm) <= 0.02 * result.base.hbm, result.table()
+    over = result.base.device_total - result.base.fp8_copies - result.base.hbm
+    assert 0 < result.base.fp8_copies < 3 * 2**30 and abs(over) <= 0.02 * result.base.hbm, result.table()
   else:
     assert result.base.fits, result.table()
 
