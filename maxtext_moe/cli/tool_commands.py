@@ -231,7 +231,7 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     "(maxtext_moe/bench/timemodel.py); about 8 minutes, --quick (no layout search) under 1. flags: what each GPU "
     "flag profile changes in the compiled step (async pairs, streams, command buffers, host syncs), XLA:GPU "
     "without a GPU (maxtext_moe/bench/flag_profiles.py); about 2 minutes per case, --gpu CASE for one. "
-    "fp8: the tiny model's loss with FP8 dense GEMMs (quantization=fp8) against bf16 over 100 steps "
+    "fp8: the tiny model's loss with FP8 dense GEMMs (quantization=fp8) against none (float32) over 100 steps "
     "(maxtext_moe/bench/fp8_loss.py); about 6 minutes, --quick 20 steps.",
   )
   p.add_argument("which", choices=["moe", "convert", "plan", "timemodel", "flags", "fp8"], help="which benchmark")

@@ -126,7 +126,8 @@ def check_moe_path(cfg: Any) -> None:
   if quantization.startswith("te_") and not te.status().available:
     raise UserError(
       f"quantization={quantization} is Transformer Engine's dense GEMM, which does not import here "
-      f"({te.status().reason}); run in the image, or use quantization=fp8 (XLA's own FP8 GEMMs) or none"
+      f"({te.status().reason}); run in the image, or use quantization=fp8 (XLA's own FP8 GEMMs), "
+      "or quantization= (empty) for none"
     )
   if str(cfg.moe_impl) != "dropless" or cfg.num_experts <= 1:
     return

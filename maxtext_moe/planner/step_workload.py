@@ -135,7 +135,8 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, str]:
   scale = 4 / 3 if step.full else 1  # the forward is a third of the training FLOPs
   model = {"dense": weights - routed, "grouped": routed, "attention": attention}
   if formats(cfg)["dense"] != "bf16":  # MaxText never quantizes the unembedding; our block keeps the router bf16
-    per_token = int(cfg.vocab_size) + int(cfg.num_experts) * step.moe_layers * (not maxtext_te_block(cfg))
+    router_bf16 = value_of(cfg.moe_impl) == "dropless"  # MaxText's own non-TE block quantizes its router
+    per_token = int(cfg.vocab_size) + int(cfg.num_experts) * step.moe_layers * router_bf16
     model["head"] = min(6 * step.tokens * int(cfg.emb_dim) * per_token / 1e12, model["dense"])
     model["dense"] -= model["head"]
   flops = {cls: (tf * scale + recompute.get(cls, 0.0)) * 1e12 for cls, tf in model.items()}

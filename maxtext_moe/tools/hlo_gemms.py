@@ -44,7 +44,7 @@ def gemm_format(ins: Any, shapes: dict[str, str] | None = None) -> str:
   names, as optimized HLO prints them): 'mxfp8' (FP8 with E8M0 block scales), 'fp8', else the narrowest
   float among them ('bf16', 'f16', 'f32') or 's8'."""
   operands = ins.rest.split("),")[0]
-  text = operands + " ".join((shapes or {}).get(name, "") for name in _OPERAND.findall(operands))
+  text = operands + " " + " ".join((shapes or {}).get(name, "") for name in _OPERAND.findall(operands))
   types = set(_TYPES.findall(text))
   if any(t.startswith("f8e8m0") for t in types):
     return "mxfp8"

@@ -19,7 +19,9 @@ its first steps. This patch leaves them out of the weights-only request, so they
 looks for those only under `params/<collection>/...` (where converted checkpoints put them), so fine-tuning
 from one's own pretraining run stopped with "Checkpoint does not match the model: ... gate/bias: missing".
 Here the load asks MaxText for the Params, and reads the other variables from `nnx_aux/model/...` when the
-checkpoint has them there (whole arrays: biases and such are small), placed as the model shards them.
+checkpoint has them there (whole arrays: biases and such are small), placed as the model shards them, a
+shape that differs from the model's refused by name. Local checkpoints only: a remote one (`gs://...`)
+goes to MaxText's load as it is.
 """
 
 import ast
@@ -86,7 +88,13 @@ def load_params_from_path(load_parameters_from_path, abstract_unboxed_params, *a
   meta = json.loads((items / "_METADATA").read_text())
   ocdbt, zarr3 = bool(meta.get("use_ocdbt")), bool(meta.get("use_zarr3"))
   for path, var in aux.items():
-    store = orbax.open_array(items, ".".join((*AUX, *map(str, path))), ocdbt=ocdbt, zarr3=zarr3)
+    name = ".".join((*AUX, *map(str, path)))
+    store = orbax.open_array(items, name, ocdbt=ocdbt, zarr3=zarr3)
+    if tuple(store.shape) != tuple(var.get_value().shape):
+      raise ValueError(
+        f"Checkpoint does not match the model: {name} is {tuple(store.shape)} in {items}, the model expects "
+        f"{tuple(var.get_value().shape)}"
+      )
     value = np.asarray(store.read().result()).astype(var.get_value().dtype)
     sharding = getattr(var.get_value(), "sharding", None)
     var.set_value(jax.device_put(value, sharding) if sharding is not None else value)
