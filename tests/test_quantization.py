@@ -128,6 +128,7 @@ def _tree(items) -> list[tuple[str, ...]]:
   return sorted(ast.literal_eval(k) for k in json.loads((items / "_METADATA").read_text())["tree_metadata"])
 
 
+@pytest.mark.ci  # three CLI runs, about 75 s on 2 cores: outside the README's suite, run by .ci/run
 def test_bf16_checkpoint_fine_tunes_in_fp8_and_back_and_exports(tmp_path):
   """A converted (bf16) checkpoint has no FP8 scaling state. The FP8 run (learning rate 0, so its checkpoints
   hold what it loaded) loads the weights bit for bit, starts the state empty (after one step each amax
