@@ -11,14 +11,14 @@ dense GEMMs only, and these are the values that can mean that on a GPU.
 
 from typing import Any
 
-# value -> (number format the dense GEMMs run in, the implementation): the ones our block takes.
-DENSE_QUANTIZATIONS: dict[str, tuple[str, str]] = {
-  "": ("bf16", "none"),
-  "fp8": ("fp8", "Flax's FP8 dot (delayed scaling, amax history of 1,024); cuBLASLt's FP8 GEMM on XLA:GPU"),
-  "te_fp8_currentscaling": ("fp8", "Transformer Engine's dense, FP8 with per-tensor scales of this step"),
-  "te_fp8_delayedscaling": ("fp8", "Transformer Engine's dense, FP8 with scales from an amax history"),
-  "te_mxfp8": ("mxfp8", "Transformer Engine's dense, MXFP8 (32-element blocks; Blackwell)"),
-  "te_no_quant": ("bf16", "Transformer Engine's dense in bf16"),
+# value -> the implementation: the ones our block takes (their number format: `number_format`).
+DENSE_QUANTIZATIONS: dict[str, str] = {
+  "": "none",
+  "fp8": "Flax's FP8 dot (delayed scaling, amax history of 1,024); XLA:GPU's own FP8 GEMM",
+  "te_fp8_currentscaling": "Transformer Engine's dense, FP8 with per-tensor scales of this step",
+  "te_fp8_delayedscaling": "Transformer Engine's dense, FP8 with scales from an amax history",
+  "te_mxfp8": "Transformer Engine's dense, MXFP8 (32-element blocks; Blackwell)",
+  "te_no_quant": "Transformer Engine's dense in bf16",
 }
 
 # value -> why our block refuses it, and what to use instead.
@@ -39,9 +39,15 @@ def quantization_name(cfg: Any) -> str:
   return str(getattr(value, "value", value))
 
 
-def dense_format(name: str) -> str:
-  """The dense GEMMs' number format for a `quantization` value ('bf16', 'fp8' or 'mxfp8')."""
-  return DENSE_QUANTIZATIONS.get(name, ("bf16", ""))[0]
+def number_format(value: Any) -> str:
+  """A quantization key's number format, 'bf16', 'fp8' or 'mxfp8' (MaxText's `quantization`, its
+  `te_gmm_quantization`, our `moe_gemm_quantization`; an enum or its string)."""
+  name = str(getattr(value, "value", value) or "").lower()
+  if "mxfp8" in name:
+    return "mxfp8"
+  if "fp8" in name:
+    return "fp8"
+  return "bf16"
 
 
 def check_dense_quantization(cfg: Any) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.config import checks
+from maxtext_moe.config.quantization import quantization_name
 from maxtext_moe.errors import UserError
 
 
@@ -122,7 +123,7 @@ def check_moe_path(cfg: Any) -> None:
       f"attention=cudnn_flash_te needs Transformer Engine, which does not import here ({te.status().reason}); "
       "run in the image, or set attention=dot_product"
     )
-  quantization = str(getattr(cfg.quantization, "value", cfg.quantization) or "")
+  quantization = quantization_name(cfg)
   if quantization.startswith("te_") and not te.status().available:
     raise UserError(
       f"quantization={quantization} is Transformer Engine's dense GEMM, which does not import here "

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from maxtext_moe.config.layout import mesh_sizes
-from maxtext_moe.config.quantization import dense_format, quantization_name
+from maxtext_moe.config.quantization import number_format
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
 from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
@@ -162,12 +162,9 @@ def _moe_dispatch_bytes(cfg: Any, rows: int, received: int, d_b: int, copies: xl
   return rows * (emb * copies.rows_f32_by_d * 4 + narrow) + received * emb * copies.received_narrow_by_d * d_b
 
 
-def _layer_weights_bytes(
-  cfg: Any, leaves: list, rules: list, sizes: dict[str, int], d_b: int, copies: xla_buffers.Copies
-) -> int:
+def _layer_weights_bytes(one: layer_weights.LayerWeights, d_b: int, copies: xla_buffers.Copies) -> int:
   """One layer's weights in its backward (`layer_weights`): the experts' matrices (gathered, transposed and
   their weight gradients when stored split over FSDP), the other weights of a layer of each kind, gathered."""
-  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
   narrow, f32 = copies.experts_gathered if one.experts_sharded else (copies.experts_local, 0)
   experts = one.experts * (narrow * d_b + f32 * 4)
   return experts + copies.layer_weight_copies * (one.moe_other + one.dense) * d_b
@@ -179,14 +176,13 @@ def _layer_weights_bytes(
 _QUANTIZED_BYTES = {"fp8": 2.0, "mxfp8": 2.0 + 2 / 32}
 
 
-def _fp8_dense_bytes(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], tokens: int) -> int:
+def _fp8_dense_bytes(cfg: Any, one: layer_weights.LayerWeights, tokens: int) -> int:
   """The quantized copies the dense GEMMs add to a layer's backward when `quantization` is FP8 or MXFP8:
   one layer's non-expert weights as computed with (the router's included, a small over-count), and the
   largest GEMM input (T x the widest of D, the MLP's hidden size, heads x value head size)."""
-  fmt = dense_format(quantization_name(cfg))
+  fmt = number_format(cfg.quantization)
   if fmt not in _QUANTIZED_BYTES:
     return 0
-  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
   widest = max(int(cfg.emb_dim), int(cfg.mlp_dim), int(cfg.num_query_heads) * int(getattr(cfg, "v_head_dim", 0) or 0))
   return int(_QUANTIZED_BYTES[fmt] * (one.moe_other + one.dense + tokens * widest))
 
@@ -229,9 +225,10 @@ def estimate(
   rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
   moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies)
   attention = _attention_bytes(cfg, tokens, d_b, copies)
-  weights = _layer_weights_bytes(cfg, leaves, rules, sizes, d_b, copies)
+  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
+  weights = _layer_weights_bytes(one, d_b, copies)
   activations = copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b
-  fp8 = _fp8_dense_bytes(cfg, leaves, rules, sizes, tokens)
+  fp8 = _fp8_dense_bytes(cfg, one, tokens)
   logits_phase, layer_logits = _logits_bytes(cfg, tokens, d_b, copies)
   layer_phase = layer_logits + moe_dispatch + attention + weights + activations + fp8
 

@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
+from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
 from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import (
@@ -48,19 +49,10 @@ from maxtext_moe.planner.step_time import Transfer, Workload, unique_ranks
 _MOE_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
 
-def _format(name: Any) -> str:
-  name = value_of(name).lower()
-  if "mxfp8" in name:
-    return "mxfp8"
-  if "fp8" in name:
-    return "fp8"
-  return "bf16"
-
-
 def formats(cfg: Any) -> dict[str, str]:
   te_block = maxtext_te_block(cfg)
-  grouped = _format(cfg.te_gmm_quantization) if te_block else _format(cfg.moe_gemm_quantization)
-  return {"dense": _format(cfg.quantization), "grouped": grouped, "attention": "bf16", "head": "bf16"}
+  grouped = number_format(cfg.te_gmm_quantization if te_block else cfg.moe_gemm_quantization)
+  return {"dense": number_format(cfg.quantization), "grouped": grouped, "attention": "bf16", "head": "bf16"}
 
 
 def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:

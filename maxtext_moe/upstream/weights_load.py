@@ -55,13 +55,14 @@ def weights_only(abstract_unboxed_pre_state: Any) -> Any:
   return params
 
 
-def _stored_names(items: Path) -> set[str] | None:
-  """The dotted leaf names of an Orbax PyTree checkpoint (None if it is not one we can read here)."""
+def _metadata(items: Path) -> dict[str, Any] | None:
+  """An Orbax PyTree checkpoint's metadata, its leaf names dotted under "names" (None if it is not one we
+  can read here)."""
   try:
     meta = json.loads((items / "_METADATA").read_text())
   except (OSError, ValueError):
     return None
-  return {".".join(ast.literal_eval(k)) for k in meta.get("tree_metadata", {})}  # Orbax writes tuple reprs
+  return meta | {"names": {".".join(ast.literal_eval(k)) for k in meta.get("tree_metadata", {})}}  # tuple reprs
 
 
 def _items_dir(path: Any) -> Path:
@@ -73,19 +74,18 @@ def load_params_from_path(load_parameters_from_path, abstract_unboxed_params, *a
   """MaxText's load for the Params; the model's other variables from a training checkpoint's `nnx_aux`."""
   load = original(checkpointing, "load_params_from_path")
   items = _items_dir(load_parameters_from_path)
-  names = _stored_names(items) if "://" not in str(load_parameters_from_path) else None
-  if not names or not isinstance(abstract_unboxed_params, nnx.State):
+  meta = _metadata(items) if "://" not in str(load_parameters_from_path) else None
+  if not meta or not isinstance(abstract_unboxed_params, nnx.State):
     return load(load_parameters_from_path, abstract_unboxed_params, *args, **kwargs)
   aux = {
     path: var
     for path, var in abstract_unboxed_params.flat_state()
-    if not isinstance(var, nnx.Param) and ".".join((*AUX, *map(str, path))) in names
+    if not isinstance(var, nnx.Param) and ".".join((*AUX, *map(str, path))) in meta["names"]
   }
   if not aux:
     return load(load_parameters_from_path, abstract_unboxed_params, *args, **kwargs)
   params = abstract_unboxed_params.filter(lambda path, var: path not in aux)
   restored = load(load_parameters_from_path, params, *args, **kwargs)
-  meta = json.loads((items / "_METADATA").read_text())
   ocdbt, zarr3 = bool(meta.get("use_ocdbt")), bool(meta.get("use_zarr3"))
   for path, var in aux.items():
     name = ".".join((*AUX, *map(str, path)))
