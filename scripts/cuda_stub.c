@@ -4,7 +4,7 @@
  * they cannot be loaded without a libcuda.so.1. A compile needs none of the driver's work, only the
  * library to load, so every entry point they link answers CUDA_ERROR_NO_DEVICE. The setup builds it
  * into .venv-te/lib/maxtext-moe-cuda-stub/, which is on no loader path: only `compile` loads it
- * (maxtext_moe/upstream/te_compile.py), never `train`. The list is what those libraries import
+ * (maxtext_moe/gpu_compile/te_libraries.py), never `train`. The list is what those libraries import
  * (`nm -D --undefined-only`), plus the version and lookup queries a loader may make first.
  */
 #define NO_DEVICE 100 /* CUDA_ERROR_NO_DEVICE */

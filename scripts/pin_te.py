@@ -1,5 +1,5 @@
 """Rewrites maxtext_moe/upstream/te_manifest.json from a Transformer Engine distribution: the parameters of
-every TE function, class and attribute that maxtext_moe/upstream/te.py uses, read from TE's own Python
+every TE function, class and attribute the TE seam (upstream/te.py, te_target.py) uses, read from TE's own Python
 sources (it cannot be imported without CUDA, so they are read as syntax trees).
 
 The distribution that holds transformer_engine/jax/*.py is the pure-Python wheel
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
   version_file = read("transformer_engine/VERSION.txt") or read("transformer_engine/jax/VERSION.txt")
   match = re.search(r"-(\d+\.\d+\.\d+[^-]*)-py3", ns.distribution.name)
   version = (version_file or "").strip() or (match.group(1) if match else "unknown")
-  uses = te_manifest.uses(te_manifest.SEAM.read_text())
+  uses = te_manifest.seam_uses()
   targets = sorted({u.target for u in uses})
   symbols = te_sources.pin(read, targets)
   missing = [t for t in targets if t not in symbols]

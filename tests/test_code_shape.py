@@ -34,6 +34,7 @@ LAYERS = {
   "cluster": 6,
   "launch": 7,
   "tools": 8,
+  "gpu_compile": 8,
   "bench": 9,
   "cli": 10,
   "__main__": 11,

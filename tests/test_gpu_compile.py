@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.config import hardware
-from maxtext_moe.tools import hlo
-from maxtext_moe.tools.compile import plugin_installed
+from maxtext_moe.gpu_compile import hlo
+from maxtext_moe.gpu_compile.command import plugin_installed
 
 needs_plugin = pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
 
@@ -95,7 +95,7 @@ def test_the_peak_live_set_is_the_devices_on_a_worked_example(tmp_path):
   """XLA's buffer assignment as it writes it for a step with offloaded activations: a host temporary buffer
   (color 5) beside the device's. The peak is where the device's live values cover the most bytes (values
   sharing bytes counted once); the host buffer's values, at offsets of their own, are not device memory."""
-  from maxtext_moe.tools.peak import peak_live_set
+  from maxtext_moe.gpu_compile.peak import peak_live_set
 
   (tmp_path / "m.jit_train_step.after_optimizations-buffer-assignment.txt").write_text(
     "allocation 0: size 4096, color 5, page 0, preallocated-temp:\n"
@@ -119,9 +119,10 @@ def test_the_peak_live_set_is_the_devices_on_a_worked_example(tmp_path):
 
 
 def test_hlo_reader_counts_per_step_on_a_worked_example():
-  """A while loop of 4 known trips holding an all-to-all, a conditional and a scanned activation written to
-  and read back from a host buffer (as XLA:GPU offloads one), one host copy and one async all-gather over a
-  named mesh axis at the top."""
+  """A while loop of 4 known trips holding an all-to-all, a conditional, a scanned activation written to
+  and read back from a host buffer (as XLA:GPU offloads one) and TE's NCCL EP dispatch in an async call (as
+  XLA:GPU schedules it on the collective stream), one host copy and one async all-gather over a named mesh
+  axis at the top."""
   text = """
 %body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
   %p = (s32[], f32[8]) parameter(0)
@@ -134,7 +135,11 @@ def test_hlo_reader_counts_per_step_on_a_worked_example():
   %back = f32[1,8]{1,0} dynamic-slice(%d, %i, %z), dynamic_slice_sizes={1,8}
   %hrow = f32[1,8]{1,0:S(5)} get-tuple-element(%p), index=3
   %same = f32[4,8]{1,0:S(5)} dynamic-update-slice(%d, %hrow, %i, %z)
+  %ep = ((u8[1,64], bf16[8]), (bf16[1,16,8], f32[1,16])) call-start(%h8, %x), to_apply=%ep_call
   ROOT %t = (s32[], f32[8]) tuple(%i, %c)
+}
+%ep_call (h: u8[1,64], y: bf16[8]) -> (bf16[1,16,8], f32[1,16]) {
+  ROOT %d3 = (bf16[1,16,8]{2,1,0}, f32[1,16]{1,0}) custom-call(%h, %y), custom_call_target="te_ep_dispatch_ffi"
 }
 %b0 (q: f32[8]) -> f32[8] {
   ROOT %q = f32[8]{0} parameter(0)
@@ -171,6 +176,7 @@ ENTRY %main (x: f32[8]) -> f32[8] {
       "axes": ["fsdp"],
     },
   }
+  assert r["te_ep_calls"] == {"te_ep dispatch": {"count": 4.0, "bytes": 4 * (16 * 8 * 2 + 16 * 4)}}
   assert r["conditionals"] == 1 and r["host_syncs_per_step"] == 4  # one per trip of the loop
   assert r["unknown_trip_while_loops"] == 1 and r["host_syncs_per_step_at_most"] == 8  # + the branch's loop
   # the copy-start's 32 bytes once; per trip the update's 32 bytes in and the slice's 32 out (%same moves
@@ -194,7 +200,7 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
   assert "the nearest layout that divides: ici_expert_parallelism=8 ici_fsdp_parallelism=8 nodes=16" in line
   code = (
     "import os, sys; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
-    "from maxtext_moe.tools import compile as c\n"
+    "from maxtext_moe.gpu_compile import command as c\n"
     "from maxtext_moe.upstream import compile as uc, recipe, config\n"
     "from maxtext_moe.config import hardware\n"
     "from maxtext_moe.upstream.patches import Patch, installed\n"
@@ -337,10 +343,11 @@ def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
 )
 def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   """Without TE: MaxText's TE block becomes our portable block (not MaxText's sparse_matmul, whose ragged
-  path needed 1,049 GiB of temporaries per GPU here), TE's FP8 dense GEMMs Flax's FP8 dot; each said once. With TE
-  (setup.sh --gpu-compile-te) TE's grouped GEMM stays, and what needs a device while tracing goes: TE's
-  NCCL EP (MXFP8 with it, for FP8), MaxText's TE block (its EP is TE's), cuDNN's attention."""
-  from maxtext_moe.tools.compile import substitutions
+  path needed 1,049 GiB of temporaries per GPU here), TE's FP8 dense GEMMs Flax's FP8 dot, TE's NCCL EP
+  all_to_all; each said once. With TE (setup.sh --gpu-compile-te) TE's grouped GEMM, FP8 dense GEMMs and
+  NCCL EP stay (MXFP8 with it); what goes is MaxText's TE block (its EP bootstrap is MaxText's) and cuDNN's
+  attention, which needs a device while tracing."""
+  from maxtext_moe.gpu_compile.stand_ins import substitutions
   from maxtext_moe.upstream import recipe as recipes
 
   r = recipes.read(recipe, [], keep_process_flags=False)
@@ -349,21 +356,24 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   assert len(said) == (3 if recipe.endswith("nvidia") else 6), said  # ours: te, its MXFP8, te_ep, offload, FP8, cuDNN
   with_te, said_te = substitutions(r, te_available=True)
   if recipe.endswith("nvidia"):
-    # with TE its FP8 dense GEMMs are compiled as themselves
-    want_te = [w.replace("moe_gemm_backend=tokamax", "moe_gemm_backend=te") for w in want if w != "quantization=fp8"]
+    # with TE its FP8 dense GEMMs are compiled as themselves, and the dispatch as the container resolves auto
+    want_te = [
+      {"moe_gemm_backend=tokamax": "moe_gemm_backend=te", "moe_dispatch=all_to_all": "moe_dispatch=auto"}.get(w, w)
+      for w in want
+      if w != "quantization=fp8"
+    ]
     assert with_te == want_te
-    assert len(said_te) == 2 and "whose expert parallelism is TE's NCCL EP" in said_te[0], said_te
+    assert len(said_te) == 2 and "TE's NCCL EP dispatch" in said_te[0], said_te
   else:
-    want_te = ["moe_dispatch=all_to_all", "moe_buffers=worst_case", "moe_gemm_quantization=fp8"]
-    assert with_te == [*want_te, "attention=cudnn_flash_jax"]
-    assert len(said_te) == 4 and "ep_bootstrap" in said_te[0] and "in fp8" in said_te[1], said_te
+    assert with_te == ["attention=cudnn_flash_jax"]
+    assert len(said_te) == 2 and said_te[0].startswith("offload=optimizer_params"), said_te
 
 
 def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
   import jax
 
   from maxtext_moe.errors import EXIT_COMPILER, RunEnded
-  from maxtext_moe.tools.compile import _compiler_failed
+  from maxtext_moe.gpu_compile.command import _compiler_failed
 
   err = jax.errors.JaxRuntimeError("INTERNAL: during context [end-of-post-layout_assignment]: shapes differ\n%c = ...")
   with pytest.raises(RunEnded) as e:
@@ -380,10 +390,11 @@ def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
 @pytest.mark.parametrize(
   ("recipe", "quantization"), [("h200x8/deepseek3-proxy-16b", "fp8"), ("b200x8/deepseek3-proxy-16b", "mxfp8")]
 )
-def test_transformer_engines_grouped_gemm_compiles_for_its_gpu(tmp_path, recipe, quantization):
-  """In the TE compile environment: the proxy's step (a dense and two MoE layers) compiles with TE's own
-  grouped GEMM for its GPU's SM, with no conditional of TE's (the rounds' 6 stay), and says what still
-  stands in: TE's NCCL EP (and on Blackwell MXFP8 with it, as FP8), cuDNN attention."""
+def test_fp8_container_program_compiles_with_tes_grouped_gemm_and_nccl_ep(tmp_path, recipe, quantization):
+  """In the TE compile environment: the proxy's step (a dense and two MoE layers) compiles as the container
+  runs it: TE's grouped GEMM in FP8 (or MXFP8 on Blackwell) for its GPU's SM and TE's NCCL EP (its prepare,
+  dispatch and combine custom calls and their backward, the handle answered by gpu_compile.nccl_ep), with no
+  conditional (no bounded rounds); only cuDNN's attention stands in."""
   args = ["compile", recipe, "override_model_config=true", "base_num_decoder_layers=3", "first_num_dense_layers=1"]
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024"]
   args += [f"moe_gemm_quantization={quantization}", "--json"]
@@ -397,8 +408,14 @@ def test_transformer_engines_grouped_gemm_compiles_for_its_gpu(tmp_path, recipe,
   )
   assert r.returncode == 0, r.stderr[-4000:]
   report = json.loads(r.stdout.strip().splitlines()[-1])
-  assert report["gemms"].get("te_grouped_gemm", 0) > 0 and "mosaic_gpu" not in report["gemms"], report["gemms"]
-  assert report["host_syncs_per_step"] == 6, report
-  said = " ".join(report["substitutions"])
-  assert "ep_bootstrap" in said and "cudnn_flash_te" in said and "tokamax" not in said
-  assert ("compiled in fp8" in said) == (quantization == "mxfp8")
+  assert report["gemm_formats"].get(f"te_grouped_gemm {quantization}", 0) == 24, report["gemm_formats"]
+  assert "mosaic_gpu" not in report["gemms"], report["gemms"]
+  assert report["host_syncs_per_step"] == 0 and report["conditionals"] == 0, report
+  # per MoE layer: prepare and dispatch in the forward and again in its recomputation, combine once, and
+  # the backward of each exchange
+  calls = {k: v["count"] for k, v in report["te_ep_calls"].items()}
+  assert calls == {"te_ep prepare": 4, "te_ep dispatch": 4, "te_ep combine": 2, "te_ep combine_bwd": 2,
+                   "te_ep dispatch_bwd": 2}, calls  # fmt: skip
+  (handle,) = report["te_ep_handles"]
+  assert handle["ep_size"] == 8 and handle["nvlink_ranks"] == 8 and handle["bytes"] > 0
+  assert [s.split(" ")[0] for s in report["substitutions"]] == ["attention=cudnn_flash_te"], report["substitutions"]

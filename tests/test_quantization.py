@@ -17,8 +17,8 @@ import pytest
 from conftest import REPO, run_cli
 from maxtext_moe.config import recipes
 from maxtext_moe.errors import UserError
-from maxtext_moe.tools.hlo import Instr
-from maxtext_moe.tools.hlo_gemms import gemm_format
+from maxtext_moe.gpu_compile.gemms import gemm_format
+from maxtext_moe.gpu_compile.hlo import Instr
 
 TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 SMALL = ["per_device_batch_size=1", "max_target_length=32", "dataset_type=synthetic"]

@@ -12,8 +12,8 @@ from maxtext_moe.errors import UserError
 
 
 def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.tools import compile as gpu_compile
-  from maxtext_moe.tools.compile_report import format_report
+  from maxtext_moe.gpu_compile import command as gpu_compile
+  from maxtext_moe.gpu_compile.report import format_report
 
   recipe, overrides = recipe_args(ns)
   if recipe is None:

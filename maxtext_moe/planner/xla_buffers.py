@@ -1,7 +1,7 @@
 """How many copies of each large buffer XLA keeps live at the train step's peak, per compiler.
 
 Read off XLA's buffer assignment at the peak (`maxtext-moe compile --hlo DIR` writes the live set as
-peak.json; `tools/peak.py`), for XLA:CPU on the tiny and 16B-proxy steps and for XLA:GPU on the proxy
+peak.json; `gpu_compile/peak.py`), for XLA:CPU on the tiny and 16B-proxy steps and for XLA:GPU on the proxy
 (H200 x 8) and the other GPU recipes of `bench plan --gpu`. The two compilers fuse the loss and lay out the
 MoE block's buffers differently, so a GPU recipe is planned with XLA:GPU's counts and a CPU one with
 XLA:CPU's. Shape names: T tokens per device, V vocab, D model dim, F expert hidden dim, R routed rows,

@@ -91,11 +91,14 @@ def compile_train_step(cfg: Any, *, mesh: Any | None = None) -> Any:
   """The compiled train step (`jax.stages.Compiled`) of a resolved config (HyperParameters), with our
   model patches, on `mesh` (default: MaxText's mesh over the visible devices)."""
   with installed(model_patches()), moe_layer.te_guard(), _on(mesh):
+    moe_layer.prepare_te_ep(cfg)  # TE's NCCL EP, as `train` bootstraps it (a compile's: `upstream.te_target`)
     s = _train_step(cfg)
     rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
-    return train_compile.jit_and_compile(
-      s.func, s.args, s.kwargs, s.mesh, s.in_shardings, s.out_shardings, s.static_argnums, s.donate_argnums, cfg, rules
-    )
+    # Compiled inside the mesh, as MaxText's train loop compiles its step (train_compile lowers inside it
+    # but compiles outside): TE EP's partitioning callbacks, which XLA runs while compiling, read it.
+    shardings = (s.in_shardings, s.out_shardings, s.static_argnums, s.donate_argnums)
+    with jax.set_mesh(s.mesh):
+      return train_compile.jit_and_compile(s.func, s.args, s.kwargs, s.mesh, *shardings, cfg, rules)
 
 
 def memory(compiled: Any) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """The Transformer Engine seam (transformer-engine 2.20.2, JAX side): its grouped GEMM and NCCL EP.
 
-Every TE call in maxtext_moe is in this module, and every one is checked by tests/test_te_contract.py
+Every TE call in maxtext_moe is in this module (or, for a compile without a GPU, in te_target.py, the stand-ins
+for what TE asks a device while a step is traced), and every one is checked by tests/test_te_contract.py
 against te_manifest.json: the signatures read from TE 2.20.2's own Python sources (the
 `transformer_engine-2.20.2-py3-none-any.whl` wheel holds transformer_engine/jax/*.py; the
 transformer-engine-jax sdist holds only the C++ extension), written by scripts/pin_te.py. TE is imported
@@ -24,8 +25,6 @@ What we use, as read from those sources:
 
 import contextlib
 import functools
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,8 +185,6 @@ def recv_capacity(*, num_experts: int, top_k: int, tokens_per_rank: int, ep_size
 def shard_guard(axes: tuple[str, str, str]) -> Any:
   """TE's mesh resources named as MaxText names its axes (MaxText enters the same guard for its GPU runs):
   TE EP reads them when the step is traced, its backward included. A null context where TE is absent."""
-  import contextlib  # pylint: disable=import-outside-toplevel
-
   if not status().available:
     return contextlib.nullcontext()
   from transformer_engine.jax import sharding  # pylint: disable=import-outside-toplevel
@@ -244,6 +241,11 @@ def bootstrap(
   _BOOTSTRAPPED["ep"] = signature
 
 
+def forget_bootstrap() -> None:
+  """Forgets this process's TE EP bootstrap (after a compile's stand-in for it: `upstream.te_target`)."""
+  _BOOTSTRAPPED.clear()
+
+
 def ep_dispatch(x_TD: jax.Array, ids_TK: jax.Array, weights_TK: jax.Array, *, capacity: int) -> tuple:
   """TE EP dispatch of global [T, D] tokens (leading dim sharded over (data, fsdp, expert)): (recv rows
   [ranks, capacity, D] grouped by local expert in 128-row blocks, their weights [ranks, capacity],
@@ -263,35 +265,3 @@ def ep_combine(weighted_out: jax.Array, counts: jax.Array, handle: tuple, *, num
 
   cfg, handle_mem = handle
   return ep.ep_combine(cfg, handle_mem, counts, weighted_out.astype(jnp.bfloat16), num_tokens)
-
-
-@contextlib.contextmanager
-def for_target(sm: int) -> Iterator[None]:
-  """TE answers `sm` (major x 10 + minor) for the GPU's compute capability while the context is open: in a
-  process that compiles for GPUs it does not have (`upstream.te_compile`). TE's C++ query, imported by name
-  into several of its modules, is replaced in each, and TE's cached answers are cleared on the way in and
-  out."""
-  import transformer_engine.jax  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
-  import transformer_engine_jax  # pylint: disable=import-outside-toplevel
-  from transformer_engine.jax.quantize import device_utils  # pylint: disable=import-outside-toplevel
-
-  real = transformer_engine_jax.get_device_compute_capability
-
-  def target(gpu_id: int = 0) -> int:
-    del gpu_id
-    return sm
-
-  modules = [m for n, m in list(sys.modules.items()) if n.startswith("transformer_engine") and m is not None]
-  patched = [m for m in modules if getattr(m, "get_device_compute_capability", None) is real]
-  cached = (device_utils.get_device_compute_capability, device_utils.is_fp8_gemm_with_all_layouts_supported)
-  for module in patched:
-    module.get_device_compute_capability = target
-  for f in cached:
-    f.cache_clear()
-  try:
-    yield
-  finally:
-    for module in patched:
-      module.get_device_compute_capability = real
-    for f in cached:
-      f.cache_clear()

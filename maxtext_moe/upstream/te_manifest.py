@@ -1,4 +1,5 @@
-"""The TE manifest: every Transformer Engine function, class and attribute `upstream/te.py` uses, with its
+"""The TE manifest: every Transformer Engine function, class and attribute the TE seam uses (`upstream/te.py`
+and `upstream/te_target.py`, `SEAMS`), with its
 parameters as TE 2.20.2's own Python sources declare them.
 
 TE cannot be imported without CUDA (`import transformer_engine` raises RuntimeError), so neither the
@@ -32,6 +33,8 @@ from maxtext_moe.upstream.te_sources import (
 ROOT = "transformer_engine"
 MANIFEST = Path(__file__).with_name("te_manifest.json")
 SEAM = Path(__file__).with_name("te.py")
+# The seam's files: te.py, and te_target.py (TE answered for a GPU that is not there, for compiles only).
+SEAMS = (SEAM, Path(__file__).with_name("te_target.py"))
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class Use:
   positional: int = 0
   keywords: tuple[str, ...] = ()
   unpacked: bool = False  # *args or **kwargs at the call: not checkable
+
+
+def seam_uses() -> list[Use]:
+  """Every TE reference in the seam's files."""
+  return [u for path in SEAMS for u in uses(path.read_text())]
 
 
 def load() -> dict[str, Any]:

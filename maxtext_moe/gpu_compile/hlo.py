@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from maxtext_moe.tools.hlo_gemms import gemm_format, gemm_kind
+from maxtext_moe.gpu_compile.gemms import gemm_format, gemm_kind
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4}
 _BYTES |= {"s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1, "u4": 1, "token": 0}
@@ -120,7 +120,8 @@ def executions(comps: dict[str, list[Instr]], entry: str) -> CallGraph:
     for ins in comps.get(comp, []):
       trip = _TRIP.search(ins.rest)
       for kind, callee in _callees(ins):
-        if kind == "to_apply" and ins.opcode != "call" or (kind == "calls" and ins.opcode == "fusion"):
+        applied = kind == "to_apply" and ins.opcode not in ("call", "call-start")  # a reduction's, not a call's
+        if applied or (kind == "calls" and ins.opcode == "fusion"):
           continue
         times = n * (int(trip.group(1)) if trip and kind == "body" else 1)
         inside = buffered or "command_buffer" in callee or "command_buffer" in ins.name
@@ -167,6 +168,15 @@ def _collective(ins: Instr) -> str | None:
   if base in COLLECTIVES:
     return base
   return None
+
+
+_EP_TARGET = re.compile(r'custom_call_target="te_ep_(\w+?)_ffi"')
+
+
+def _te_ep(ins: Instr) -> str | None:
+  """TE's NCCL EP call an instruction is ('prepare', 'dispatch', 'combine_bwd', ...), or None."""
+  m = _EP_TARGET.search(ins.rest) if ins.opcode == "custom-call" else None
+  return m.group(1) if m else None
 
 
 def _on_host(shape: str) -> bool:
@@ -216,6 +226,7 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
   graph = executions(comps, entry)
   collectives: dict[str, dict] = {}
   host: dict[str, dict] = {}
+  exchanges: dict[str, dict] = {}  # TE's NCCL EP custom calls
   gemms: dict[str, float] = defaultdict(float)
   formats: dict[str, float] = defaultdict(float)
   out = {"conditionals": 0, "conditionals_in_command_buffers": 0, "while_loops": 0, "unknown_trip_while_loops": 0}
@@ -233,6 +244,8 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         nbytes = array_bytes(result_shape(ins))
         axes = group_axes(ins.rest)
         _add(collectives, key, runs=n, nbytes=nbytes, kind=kind, group_size=size, is_async=is_async, axes=list(axes))
+      if ep := _te_ep(ins):  # NCCL inside a custom call: its output is what arrives
+        _add(exchanges, f"te_ep {ep}", runs=n, nbytes=array_bytes(result_shape(ins)))
       if move := _host_move(ins, shapes):
         _add(host, move[0], runs=n, nbytes=move[1])
       if gemm := gemm_kind(ins):
@@ -243,6 +256,7 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
   return {
     "collectives": collectives,
+    "te_ep_calls": exchanges,
     "host_transfers": host,
     "gemms": dict(gemms),
     "gemm_formats": dict(formats),

@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from maxtext_moe.gpu_compile import hlo
 from maxtext_moe.planner.memory_plan import memory_plan
-from maxtext_moe.tools import hlo
 
 GIB = 2**30
 NOTE = (
@@ -46,6 +46,7 @@ def build(
     "usable_hbm_bytes": usable,
     "fits": device <= usable,
     "collectives": program["collectives"],
+    "te_ep_calls": program["te_ep_calls"],
     "host_transfers": transfers,
     "host_transfer_bytes": sum(r["bytes"] for r in transfers.values()),
     "host_syncs_per_step": program["host_syncs_per_step"],
@@ -130,6 +131,13 @@ def format_report(r: dict[str, Any]) -> str:
   ]
   for key, row in sorted(r["collectives"].items()):
     lines.append(f"    {key:<40}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
+  for key, row in sorted(r.get("te_ep_calls", {}).items()):
+    lines.append(f"    {key + ' (NCCL EP, output)':<40}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
+  for handle in r.get("te_ep_handles", []):
+    lines.append(
+      f"    te_ep handle: {handle['bytes'] / 2**20:,.1f} MiB per prepare ({handle['nvlink_ranks']} of "
+      f"{handle['ep_size']} ranks per NVLink domain, {handle['recv_capacity']:,} receive rows)"
+    )
   for key, row in sorted(r["host_transfers"].items()):
     lines.append(f"  host transfers {key:<29}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
   lines += [

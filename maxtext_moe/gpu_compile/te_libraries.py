@@ -1,24 +1,17 @@
-"""Transformer Engine in a process that compiles for GPUs it does not have (`./setup.sh --gpu-compile-te`,
-`.venv-te/bin/maxtext-moe compile`). Only `maxtext-moe compile` calls this module; `train` never loads
-what it loads.
+"""Transformer Engine's libraries in a process that compiles for GPUs it does not have (`./setup.sh
+--gpu-compile-te`, `.venv-te/bin/maxtext-moe compile`). Only `maxtext-moe compile` calls this module; `train`
+never loads what it loads.
 
-TE 2.20.2's JAX side cannot be imported without a CUDA driver, and asks the GPU for its compute capability
-while a step is traced. Both are answered here, for a compile only:
+TE 2.20.2's JAX side cannot be imported without a CUDA driver. `load()` answers that: the CUDA driver
+library is a stub built by the setup (`scripts/cuda_stub.c`: the entry points cuDNN's and TE's libraries
+link, each answering "no device"), loaded first so that every later `dlopen("libcuda.so.1")` finds it,
+never the machine's driver. The CUDA 12 libraries of the pip wheels (runtime, cuBLAS, cuDNN, NCCL, NVRTC,
+cuRAND) are loaded from this environment's `nvidia/` packages, and TE's search for "system" CUDA is pointed
+at the same folders (`CUDNN_HOME`, `NVRTC_HOME`, `CURAND_HOME`: TE looks there before `/usr/local/cuda`,
+which may hold another CUDA).
 
-- `load()`: the CUDA driver library is a stub built by the setup (`scripts/cuda_stub.c`: the entry points
-  cuDNN's and TE's libraries link, each answering "no device"), loaded first so that every later
-  `dlopen("libcuda.so.1")` finds it, never the machine's driver. The CUDA 12 libraries of the pip wheels
-  (runtime, cuBLAS, cuDNN, NCCL, NVRTC, cuRAND) are loaded from this environment's `nvidia/` packages, and
-  TE's search for "system" CUDA is pointed at the same folders (`CUDNN_HOME`, `NVRTC_HOME`,
-  `CURAND_HOME`: TE looks there before `/usr/local/cuda`, which may hold another CUDA).
-- `te.for_target(sm)` (in the TE seam): TE's C++ `get_device_compute_capability` answers the target's SM
-  (90 for Hopper, 100 for Blackwell) in every TE module that imported it by name, and TE's cached answers
-  are cleared, for as long as the context is open. TE picks its GEMM path and workspace size from it.
-
-TE's NCCL EP cannot be compiled this way: its `ep_bootstrap` creates NCCL communicators (a real device
-and its peers), and TE asks the bootstrapped backend for the handle size while the step is traced
-(`tex.ep.run_borrowed_comm_bootstrap`: "so trace-time handle_mem_size finds it ready"). `compile`
-substitutes `te_ep` with `all_to_all` and says so.
+What TE then asks a device while the step is traced (its compute capability, its NCCL EP group) is
+answered in `upstream.te_target`, the TE seam's stand-ins for a target.
 """
 
 import ctypes

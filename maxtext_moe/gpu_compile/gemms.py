@@ -1,6 +1,6 @@
 """GEMMs in optimized HLO: which kernel runs each (kind) and in which number format (from its operands).
 
-Split from `tools.hlo` (which counts them per step; `ins` is its `Instr`: opcode, name, operands and
+Split from `gpu_compile.hlo` (which counts them per step; `ins` is its `Instr`: opcode, name, operands and
 attributes as text); hand-written for the reason given there.
 """
 
