@@ -11,7 +11,9 @@ import textwrap
 
 import pytest
 
+from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.gpu_compile import nccl_ep
+from maxtext_moe.moe.te_capacity import te_ep_capacity
 
 
 def _deepseek_rack(**kw) -> nccl_ep.EpGroup:
@@ -80,7 +82,9 @@ _RANK = textwrap.dedent(
   from jax.sharding import Mesh
   import numpy as np
   from maxtext_moe.upstream import te
-  from maxtext_moe.gpu_compile import nccl_ep
+  from maxtext_moe.bench.plan_accuracy import TE_PYTHON
+from maxtext_moe.gpu_compile import nccl_ep
+from maxtext_moe.moe.te_capacity import te_ep_capacity
   from transformer_engine.jax import ep
   mesh = Mesh(np.array(jax.devices()).reshape(1, 1, 2), ("data", "fsdp", "expert"))
   capacity = te.recv_capacity(num_experts=16, top_k=4, tokens_per_rank=512, ep_size=2, factor=0)
@@ -112,3 +116,48 @@ def test_fp8_container_te_ep_handle_size_matches_tes_own_answer_on_gpus(tmp_path
   answers = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
   assert all(p.returncode == 0 for p in procs)
   assert answers[0] == answers[1] and answers[0]["te"] == answers[0]["ours"], answers
+
+
+def test_fp8_container_te_ep_receive_rows_are_tes_sizing_worked_out():
+  """TE's receive capacity (moe.te_capacity), as TE's get_moe_recv_capacity_per_rank sizes it."""
+  # gb300x128's 671B: 4 x 8,192 tokens, 8 of 64 local experts each: 262,144 assignments plus 127 rows of
+  # padding for each of the 64 local experts, rounded up to 128
+  assert te_ep_capacity(num_tokens=8192, top_k=8, num_ranks=4, num_experts=256) == 270_336
+  # the 16B proxy at EP 8: 8 local experts, so the per-expert bound (8 x 131,072) is the smaller
+  assert te_ep_capacity(num_tokens=16384, top_k=8, num_ranks=8, num_experts=64) == 1_048_576
+  # a factor of 2 over balanced routing: 64 x round_up(1,024, 128) x 2
+  assert te_ep_capacity(num_tokens=8192, top_k=8, num_ranks=4, num_experts=256, factor=2.0) == 131_072
+
+
+@pytest.mark.skipif(not TE_PYTHON.is_file(), reason="needs the TE compile environment (./setup.sh --gpu-compile-te)")
+def test_fp8_container_te_ep_receive_rows_match_tes_own_function():
+  """Where TE imports (its libraries loaded against the stub driver), its sizing and ours agree over a grid."""
+  grid = [(t, k, p, e, f) for t in (1, 100, 4096) for k in (1, 8) for p in (2, 8) for e in (16, 256) for f in (0, 1.5)]
+  code = textwrap.dedent(
+    f"""
+    from maxtext_moe.gpu_compile import te_libraries
+    te_libraries.load()
+    from maxtext_moe.upstream import te
+    from maxtext_moe.moe.te_capacity import te_ep_capacity
+    bad = []
+    for t, k, p, e, f in {grid!r}:
+      kw = dict(num_experts=e, top_k=k, tokens_per_rank=t, ep_size=p, factor=f)
+      ours = te_ep_capacity(num_tokens=t, top_k=k, num_ranks=p, num_experts=e, factor=f)
+      if te.recv_capacity(**kw) != ours:
+        bad.append((kw, te.recv_capacity(**kw), ours))
+    print(len(bad), bad[:3])
+    """
+  )
+  r = subprocess.run([str(TE_PYTHON), "-c", code], capture_output=True, text=True, check=False, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.strip().splitlines()[-1] == "0 []", r.stdout
+
+
+def test_fp8_container_planner_plans_tes_receive_buffer_and_its_quantized_rows():
+  """gb300x128's 671B: the experts' rows at TE's capacity, and (MXFP8 grouped GEMM) their 1-byte copies."""
+  from maxtext_moe.planner.memory_plan import memory_plan
+
+  plain = memory_plan("gb300x128/deepseek3-671b", ["moe_gemm_quantization=none"]).base
+  mxfp8 = memory_plan("gb300x128/deepseek3-671b", []).base
+  assert plain.moe_rows == mxfp8.moe_rows == 270_336
+  assert mxfp8.moe_dispatch - plain.moe_dispatch == 270_336 * (2 * 7168 + 4 * 2048)

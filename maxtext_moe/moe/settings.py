@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from maxtext_moe.moe import mesh_axes
+from maxtext_moe.moe.te_capacity import te_ep_capacity
 
 
 class DispatchKind(StrEnum):
@@ -238,8 +239,8 @@ def routed_rows(
   num_experts: int,
 ) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
-  local T x K; all_to_all P x capacity x K; ragged_all_to_all and te_ep T x P x K (TE's dropless receive
-  capacity, before its 128-row alignment per local expert); bounded (all_to_all and ragged_all_to_all, one
+  local T x K; all_to_all P x capacity x K; ragged_all_to_all T x P x K; te_ep TE's receive capacity
+  (`te_capacity`: T x P x K at most, 128-row aligned per local expert); bounded (all_to_all and ragged_all_to_all, one
   round of `moe.rounds`) P x (G + K - 1).
 
   Example: routed_rows("all_to_all", 1024, 8, num_ranks=8, capacity_factor=0, buffers="bounded",
@@ -256,6 +257,10 @@ def routed_rows(
   if kind == DispatchKind.ALL_TO_ALL:
     cap = capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
     return num_ranks * cap * top_k
+  if kind == DispatchKind.TE_EP:
+    return te_ep_capacity(
+      num_tokens=num_tokens, top_k=top_k, num_ranks=num_ranks, num_experts=num_experts, factor=capacity_factor
+    )
   return num_tokens * num_ranks * top_k
 
 

@@ -154,18 +154,29 @@ def _logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -
   return loss, layer
 
 
-def _moe_dispatch_bytes(cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies) -> int:
-  """The MoE block's buffers in its backward: the routed rows at the experts' largest moment (by D and by F),
-  the exchange's receive buffers."""
+def _moe_dispatch_bytes(
+  cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies, *, dispatch: str
+) -> int:
+  """The MoE block's buffers in its backward: the routed rows at the experts' largest moment (by D and by F;
+  with TE's NCCL EP as its programs keep them, by whether the experts' forward is recomputed), their 1-byte
+  copies under a quantized grouped GEMM, the exchange's receive buffers."""
   emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
-  narrow = max(by_d * emb + by_f * ffn for by_d, by_f in copies.rows_narrow) * d_b
-  return rows * (emb * copies.rows_f32_by_d * 4 + narrow) + received * emb * copies.received_narrow_by_d * d_b
+  if dispatch == "te_ep" and not maxtext_te_block(cfg):  # our block's programs; MaxText's TE block as before
+    saved = saved_activations.gated_pair_kept(cfg) and not experts_recomputed(cfg, dispatch)
+    by_d, by_f = copies.te_ep_rows[1 if saved else 0]
+    narrow = (by_d * emb + by_f * ffn) * d_b
+  else:
+    narrow = max(by_d * emb + by_f * ffn for by_d, by_f in copies.rows_narrow) * d_b
+  quantized_d, quantized_f = copies.quantized_rows if str(cfg.moe_gemm_quantization) in ("fp8", "mxfp8") else (0, 0)
+  routed = rows * (emb * copies.rows_f32_by_d * 4 + narrow + quantized_d * emb + quantized_f * ffn)
+  return routed + received * emb * copies.received_narrow_by_d * d_b
 
 
-def _layer_weights_bytes(one: layer_weights.LayerWeights, d_b: int, copies: xla_buffers.Copies) -> int:
+def _layer_weights_bytes(one: layer_weights.LayerWeights, d_b: int, copies: xla_buffers.Copies, *, te_ep: bool) -> int:
   """One layer's weights in its backward (`layer_weights`): the experts' matrices (gathered, transposed and
   their weight gradients when stored split over FSDP), the other weights of a layer of each kind, gathered."""
-  narrow, f32 = copies.experts_gathered if one.experts_sharded else (copies.experts_local, 0)
+  gathered = copies.te_ep_experts_gathered if te_ep else copies.experts_gathered
+  narrow, f32 = gathered if one.experts_sharded else (copies.experts_local, 0)
   experts = one.experts * (narrow * d_b + f32 * 4)
   return experts + copies.layer_weight_copies * (one.moe_other + one.dense) * d_b
 
@@ -223,10 +234,10 @@ def estimate(
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   copies = xla_buffers.for_hardware(cfg.hardware)
   rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
-  moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies)
+  moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies, dispatch=dispatch)
   attention = _attention_bytes(cfg, tokens, d_b, copies)
   one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
-  weights = _layer_weights_bytes(one, d_b, copies)
+  weights = _layer_weights_bytes(one, d_b, copies, te_ep=dispatch == "te_ep" and not maxtext_te_block(cfg))
   activations = copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b
   fp8 = _fp8_dense_bytes(cfg, one, tokens)
   logits_phase, layer_logits = _logits_bytes(cfg, tokens, d_b, copies)

@@ -74,6 +74,12 @@ def per_layer(
   return device, host
 
 
+def gated_pair_kept(cfg: Any) -> bool:
+  """Whether the remat policy keeps the experts' gated pair (`moe_mlpwi_0/1`) on the device or the host."""
+  kept = ("device", "offload")
+  return value_of(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "moe_mlpwi_0", "remat")) in kept
+
+
 def layer_counts(cfg: Any) -> tuple[int, int]:
   """(dense layers, MoE layers) of the model, each multi-token-prediction layer a MoE one."""
   mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)

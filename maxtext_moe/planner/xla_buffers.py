@@ -31,6 +31,10 @@ class Copies:
   layer_weight_copies: int  # compute-dtype copies of one MoE and one dense layer's other weights, gathered
   scores_narrow: int  # [B, H, L, L] compute dtype: dot-product attention's scores and their gradient
   scores_mask: int  # [B, H, L, L] bool: the causal and segment masks
+  te_ep_rows: tuple[tuple[int, int], tuple[int, int]]  # ([R, D], [R, F]) compute dtype at the peak of the
+  # experts' backward with TE's NCCL EP: their forward recomputed, and their gated pair saved
+  te_ep_experts_gathered: tuple[int, int]  # `experts_gathered` with TE's NCCL EP
+  quantized_rows: tuple[int, int]  # 1-byte ([R, D], [R, F]) copies of a quantized grouped GEMM's rows
 
 
 # XLA:CPU (tiny and proxy steps, 8 fake devices): the softmax cross-entropy keeps 4 float32 logits-sized
@@ -53,6 +57,9 @@ XLA_CPU = Copies(
   layer_weight_copies=0,
   scores_narrow=4,
   scores_mask=0,
+  te_ep_rows=((4, 6), (4, 6)),
+  te_ep_experts_gathered=(0, 0),
+  quantized_rows=(0, 0),
 )
 
 # XLA:GPU (read off the live sets at the peak of every `bench plan --gpu` recipe, at the recipe's flags): the
@@ -75,6 +82,16 @@ XLA_CPU = Copies(
 #   one runs; 3.1 GiB at gb300x1024 where this gives 3.0);
 # - 12 [T, D] residual-stream temporaries (the layer's norms, sums and their gradients: 13 on the 16B proxy
 #   and gb300x1024, 18 on gb200, 8 on Mixtral, 4 on Qwen3).
+# With TE's NCCL EP (December 2026: the container's program compiled with TE, `.venv-te`), the receive
+# buffer is the grouped GEMM's input and XLA:GPU keeps more of the rows and fewer of the weights:
+# - the experts' forward recomputed (`remat_policy: full`): 10 [R, D] and 7 [R, F] at the peak (the dispatch
+#   output, the combine gradient and their double buffers, the GEMMs' outputs; gb200-nvl72 10 and 7, the
+#   16B proxy 9 and 7); their gated pair saved (`moe_mlpwi_0/1` on the device or the host): 6 [R, D] and
+#   1 [R, F] (gb300x128);
+# - one MoE layer's expert matrices once, in the compute dtype, and no float32 copy (gb200-nvl72: the
+#   three, 2.6 GiB; gb300x128: the gated pair);
+# - a quantized grouped GEMM (FP8 or MXFP8) adds 1-byte copies of its rows: 2 [R, D] (the input and its
+#   gradient) and 4 [R, F] (gb300x128, MXFP8).
 # The GPU recipes' attention is cuDNN's flash attention (`estimate`'s flash term); MaxText's dot-product
 # attention, where a user picks it, keeps 2 score buffers with 2 masks.
 XLA_GPU = Copies(
@@ -92,6 +109,9 @@ XLA_GPU = Copies(
   layer_weight_copies=2,
   scores_narrow=2,
   scores_mask=2,
+  te_ep_rows=((10, 7), (6, 1)),
+  te_ep_experts_gathered=(1, 0),
+  quantized_rows=(2, 4),
 )
 
 
