@@ -39,8 +39,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "with compile-only devices (the jax-cuda12 plugin, ./setup.sh --gpu-compile; no GPU needed). Prints per "
     "GPU: memory beside the planner's and whether it fits, collectives per step by kind (count, bytes, group "
     "size, async), host transfers, host syncs (conditionals outside command buffers, loops of unknown trip "
-    "count), GEMM kinds, compile seconds, and every substitution made (TE absent, an attention kernel). "
-    "Kernel choices are not autotuned without a GPU.",
+    "count), GEMM kinds and number formats, TE NCCL EP calls, compile seconds, and every substitution made "
+    "(TE absent, an attention kernel). With Transformer Engine (./setup.sh --gpu-compile-te, then "
+    ".venv-te/bin/maxtext-moe compile) TE's grouped GEMM, FP8 dense GEMMs and NCCL EP are compiled as the "
+    "container runs them. Kernel choices are not autotuned without a GPU.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
   add_nodes_option(p)
