@@ -2,28 +2,43 @@
 # Builds the maxtext-moe image on the pinned NGC JAX base (docker/Dockerfile), tagged with the plugin's
 # version and the git commit:
 #
-#   docker/build.sh [--push REGISTRY] [--base IMAGE] [--dry-run]
+#   docker/build.sh [--push REGISTRY] [--base IMAGE] [--engine docker|podman] [--dry-run]
 #
 #   --push REGISTRY   also tag as REGISTRY/maxtext-moe:TAG and push both tags
 #   --base IMAGE      another NGC JAX base (default: the Dockerfile's BASE_IMAGE)
-#   --dry-run         print the docker commands instead of running them
+#   --engine NAME     docker or podman (default: docker where it is installed, else podman); podman builds
+#                     in Docker's image format, which keeps the Dockerfile's SHELL (OCI's ignores it)
+#   --dry-run         print the commands instead of running them
 #
 # Tags: maxtext-moe:VERSION and maxtext-moe:VERSION-SHA (SHA with a -dirty suffix for uncommitted changes).
+# For enroot (pyxis on SLURM): build with either engine, then `enroot import dockerd://maxtext-moe:TAG`
+# (docker) or `enroot import podman://maxtext-moe:TAG` (podman).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 registry=""
 base=""
+engine=""
 dry=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --push) registry="${2:?--push needs a REGISTRY}"; shift 2 ;;
     --base) base="${2:?--base needs an IMAGE}"; shift 2 ;;
+    --engine) engine="${2:?--engine needs docker or podman}"; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+
+if [[ -z "$engine" ]]; then
+  if command -v docker >/dev/null; then engine=docker; elif command -v podman >/dev/null; then engine=podman; fi
+fi
+case "$engine" in
+  docker | podman) ;;
+  "") echo "build.sh: neither docker nor podman is installed (install one, or pass --engine)" >&2; exit 2 ;;
+  *) echo "build.sh: --engine must be docker or podman, not '$engine'" >&2; exit 2 ;;
+esac
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml")"
 sha="$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
@@ -34,14 +49,16 @@ run() {
   if [[ "$dry" == 1 ]]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
-args=(build -f "$repo/docker/Dockerfile" --build-arg "VERSION=$version" --build-arg "GIT_SHA=$sha")
+args=(build -f "$repo/docker/Dockerfile")
+if [[ "$engine" == podman ]]; then args+=(--format docker); fi
+args+=(--build-arg "VERSION=$version" --build-arg "GIT_SHA=$sha")
 if [[ -n "$base" ]]; then args+=(--build-arg "BASE_IMAGE=$base"); fi
 for tag in "${tags[@]}"; do args+=(-t "$tag"); done
-run docker "${args[@]}" "$repo"
+run "$engine" "${args[@]}" "$repo"
 
 if [[ -n "$registry" ]]; then
   for tag in "${tags[@]}"; do
-    run docker tag "$tag" "$registry/$tag"
-    run docker push "$registry/$tag"
+    run "$engine" tag "$tag" "$registry/$tag"
+    run "$engine" push "$registry/$tag"
   done
 fi

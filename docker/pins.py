@@ -6,9 +6,14 @@ maxtext and the plugin on top (the image's builds match its CUDA, cuDNN and driv
                                                 # version fails the build with pip's resolution error
   python3 docker/pins.py check /tmp/base.txt    # and nothing changed, was removed, or is too old
 
-Standard library only: it runs before anything of ours is installed. Exit 1 with one line per problem.
+`check` also asks what our GPU path needs of the base: Transformer Engine >= 2.20 with its NCCL EP
+(`transformer_engine/jax/ep.py` among the distribution's files: TE cannot be imported without a GPU
+driver, so its files are read, not imported) and NCCL >= 2.30.4 (NGC installs it as a system package, not
+the `nvidia-nccl-cu*` wheel: the `libnccl.so.2` the loader finds is asked for its version, which needs no
+GPU). Standard library only: it runs before anything of ours is installed. Exit 1 with one line per problem.
 """
 
+import ctypes
 import re
 import sys
 from importlib import metadata
@@ -16,6 +21,8 @@ from importlib import metadata
 GUARDED = re.compile(r"^(jax|jaxlib|jax-cuda\d+-(plugin|pjrt)|transformer-engine.*|nvidia-nccl-cu\d+)$")
 MIN_VERSIONS = {"transformer-engine": (2, 20)}  # TE EP and the API upstream/te.py calls (te_manifest.json)
 MIN_PYTHON = (3, 12)  # maxtext 0.2.5
+MIN_NCCL = (2, 30, 4)  # TE's NCCL EP
+TE_EP_FILE = "transformer_engine/jax/ep.py"
 
 
 def _norm(name: str) -> str:
@@ -34,6 +41,42 @@ def installed() -> dict[str, str]:
 
 def _release(version: str) -> tuple[int, ...]:
   return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
+def nccl_version(library: str = "libnccl.so.2") -> tuple[int, int, int] | None:
+  """The NCCL the loader finds, None where there is none (ncclGetVersion needs no GPU)."""
+  try:
+    lib = ctypes.CDLL(library)
+  except OSError:
+    return None
+  code = ctypes.c_int()
+  if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+    return None
+  v = code.value  # major * 10000 + minor * 100 + patch since NCCL 2.9
+  return v // 10000, (v // 100) % 100, v % 100
+
+
+def te_files() -> set[str]:
+  """Files of the installed Transformer Engine distributions (their RECORD), as relative paths."""
+  out = set()
+  for dist in metadata.distributions():
+    if _norm(dist.metadata["Name"] or "").startswith("transformer-engine"):
+      out |= {str(f) for f in dist.files or ()}
+  return out
+
+
+def gpu_path_problems(now: dict[str, str], files: set[str], nccl: tuple[int, int, int] | None) -> list[str]:
+  """What the base lacks for our GPU path: TE's NCCL EP and a new enough NCCL."""
+  out = []
+  if any(n.startswith("transformer-engine") for n in now) and TE_EP_FILE not in files:
+    out.append(f"the base image's Transformer Engine has no NCCL EP ({TE_EP_FILE}): use an image with TE >= 2.20")
+  least = ".".join(map(str, MIN_NCCL))
+  if nccl is None:
+    out.append(f"the base image has no NCCL (libnccl.so.2): use an NGC JAX image, which has NCCL >= {least}")
+  elif nccl < MIN_NCCL:
+    found = ".".join(map(str, nccl))
+    out.append(f"the base image's NCCL {found} is older than {least}, which TE's NCCL EP needs: use a newer base")
+  return out
 
 
 def problems(base: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -60,7 +103,8 @@ def main(argv: list[str]) -> int:
     return 0
   with open(path, encoding="utf-8") as f:
     base = dict(line.strip().split("==", 1) for line in f if "==" in line)
-  found = problems(base, installed())
+  now = installed()
+  found = problems(base, now) + gpu_path_problems(now, te_files(), nccl_version())
   for line in found:
     print(f"pins.py: {line}", file=sys.stderr)
   return 1 if found else 0

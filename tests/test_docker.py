@@ -5,6 +5,9 @@ test_lint.py (scripts/lint.sh)."""
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import REPO
 
@@ -28,6 +31,35 @@ def test_the_guard_reports_every_change_to_the_base():
   old = {"jax": "0.6.0", "transformer-engine": "2.4.0"}
   assert pins.problems(old, old) == ["transformer-engine 2.4.0 is older than 2.20: use a newer base image"]
   assert pins.problems({"jax": "0.6.0"}, {"jax": "0.6.0"})[0].startswith("the base image has no Transformer Engine")
+
+
+def _fake_nccl(tmp_path, code: int):
+  """A libnccl.so.2 whose ncclGetVersion answers `code` (NCCL_VERSION_CODE), built with the C compiler."""
+  where = tmp_path / str(code)  # one folder per library: the loader keeps one per path
+  where.mkdir()
+  src = where / "nccl.c"
+  src.write_text(f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n")
+  lib = where / "libnccl.so.2"
+  subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+  return str(lib)
+
+
+def test_the_guard_asks_the_base_for_tes_nccl_ep_and_its_nccl(tmp_path):
+  """One line each: TE without its NCCL EP, no NCCL, an NCCL older than 2.30.4 (read from the library the
+  loader finds, as in the image: NGC installs NCCL as a system package)."""
+  pins = _pins()
+  te = {"transformer-engine": "2.20.2"}
+  assert pins.nccl_version(_fake_nccl(tmp_path, 23203)) == (2, 32, 3)
+  assert pins.nccl_version(str(tmp_path / "absent.so")) is None
+  assert pins.gpu_path_problems(te, {pins.TE_EP_FILE, "x.py"}, (2, 32, 3)) == []
+  assert pins.gpu_path_problems(te, {"transformer_engine/jax/dense.py"}, (2, 32, 3)) == [
+    "the base image's Transformer Engine has no NCCL EP (transformer_engine/jax/ep.py): use an image with TE >= 2.20"
+  ]
+  old = pins.nccl_version(_fake_nccl(tmp_path, 22801))
+  assert pins.gpu_path_problems(te, {pins.TE_EP_FILE}, old) == [
+    "the base image's NCCL 2.28.1 is older than 2.30.4, which TE's NCCL EP needs: use a newer base"
+  ]
+  assert pins.gpu_path_problems(te, {pins.TE_EP_FILE}, None)[0].startswith("the base image has no NCCL")
 
 
 def test_freeze_then_check_sees_this_environment(tmp_path):
@@ -54,6 +86,8 @@ def test_build_script_tags_with_version_and_commit_and_pushes():
       "reg.example.com/team",
       "--base",
       "nvcr.io/nvidia/jax:26.11-py3",
+      "--engine",
+      "docker",
     ],
     capture_output=True,
     text=True,
@@ -67,6 +101,13 @@ def test_build_script_tags_with_version_and_commit_and_pushes():
   assert rest[1].strip() == "docker push reg.example.com/team/maxtext-moe:0.1.0"
   r = subprocess.run(["bash", str(DOCKER / "build.sh"), "--bogus"], capture_output=True, text=True, check=False)
   assert r.returncode == 2 and "unknown argument '--bogus'" in r.stderr
+  # podman: Docker's image format (OCI's ignores SHELL), and its own tag and push
+  podman = ["bash", str(DOCKER / "build.sh"), "--dry-run", "--engine", "podman", "--push", "reg.example.com/team"]
+  build, *rest = subprocess.run(podman, capture_output=True, text=True, check=True).stdout.splitlines()
+  assert build.startswith(f"podman build -f {DOCKER / 'Dockerfile'} --format docker --build-arg VERSION=")
+  assert [line.split()[:2] for line in rest] == [["podman", "tag"], ["podman", "push"]] * 2
+  r = subprocess.run([*podman[:3], "--engine", "rkt"], capture_output=True, text=True, check=False)
+  assert r.returncode == 2 and r.stderr.strip() == "build.sh: --engine must be docker or podman, not 'rkt'"
 
 
 def test_dockerfile_keeps_the_base_and_runs_as_a_user():
@@ -76,4 +117,45 @@ def test_dockerfile_keeps_the_base_and_runs_as_a_user():
   installs = [line for line in text.splitlines() if "pip install" in line]
   assert len(installs) == 2 and "-c /tmp/ours.txt" in installs[0] and "--no-deps ." in installs[1]
   assert text.count("python3 pins.py check /tmp/base.txt") == 2
-  assert 'ENTRYPOINT ["maxtext-moe"]' in text and 'CMD ["doctor"]' in text and "\nUSER 1000\n" in text
+  assert 'ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]' in text and 'CMD ["doctor"]' in text
+  assert "RUN /usr/local/bin/user.sh\nUSER 1000\n" in text
+
+
+def _stubs(tmp_path, passwd: str) -> dict:
+  """PATH with getent/useradd/usermod/groupmod that log their arguments, getent answering `passwd`."""
+  bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+  bin_dir.mkdir()
+  answers = {
+    "getent": f'[ "$1" = passwd ] && [ -n "{passwd}" ] && echo "{passwd}" && exit 0; [ "$1" = group ] && exit 0; exit 2'
+  }
+  for name in ("getent", "useradd", "usermod", "groupmod", "maxtext-moe"):
+    body = answers.get(name, "exit 0")
+    (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n{body}\n')
+    (bin_dir / name).chmod(0o755)
+  return {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+
+
+@pytest.mark.parametrize(
+  ("passwd", "want"),
+  [
+    ("", ["useradd --create-home --uid 1000 maxtext"]),
+    ("ubuntu:x:1000:1000:Ubuntu:/home/ubuntu:/bin/bash",
+     ["usermod --login maxtext --home /home/maxtext --move-home ubuntu", "groupmod --new-name maxtext ubuntu"]),
+    ("maxtext:x:1000:1000::/home/maxtext:/bin/sh", []),
+  ],
+)  # fmt: skip
+def test_the_image_user_is_uid_1000_whether_or_not_the_base_has_one(tmp_path, passwd, want):
+  """Ubuntu 24.04 bases carry a uid-1000 `ubuntu` user, where useradd --uid 1000 fails: it is renamed."""
+  env = _stubs(tmp_path, passwd)
+  r = subprocess.run(["bash", str(DOCKER / "user.sh")], env=env, capture_output=True, text=True, check=False)
+  assert r.returncode == 0, r.stderr
+  calls = [c for c in Path(env["LOG"]).read_text().splitlines() if not c.startswith("getent")]
+  assert calls == want
+
+
+def test_the_entrypoint_runs_maxtext_moe_behind_ngcs_own_where_the_base_has_it(tmp_path):
+  env = _stubs(tmp_path, "")
+  r = subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), "doctor", "--json"], env=env, check=False)
+  assert r.returncode == 0 and Path(env["LOG"]).read_text() == "maxtext-moe doctor --json\n"
+  text = (DOCKER / "entrypoint.sh").read_text()
+  assert 'exec /opt/nvidia/nvidia_entrypoint.sh maxtext-moe "$@"' in text
