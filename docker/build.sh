@@ -2,13 +2,14 @@
 # Builds the maxtext-moe image on the pinned NGC JAX base (docker/Dockerfile), tagged with the plugin's
 # version and the git commit:
 #
-#   docker/build.sh [--push REGISTRY] [--base IMAGE] [--engine docker|podman] [--dry-run]
+#   docker/build.sh [--push REGISTRY] [--base IMAGE] [--engine docker|podman] [--dry-run] [-- BUILD-OPTIONS]
 #
 #   --push REGISTRY   also tag as REGISTRY/maxtext-moe:TAG and push both tags
 #   --base IMAGE      another NGC JAX base (default: the Dockerfile's BASE_IMAGE)
 #   --engine NAME     docker or podman (default: docker where it is installed, else podman); podman builds
 #                     in Docker's image format, which keeps the Dockerfile's SHELL (OCI's ignores it)
 #   --dry-run         print the commands instead of running them
+#   -- BUILD-OPTIONS  passed to the engine's build as they are (e.g. -- --network host)
 #
 # Tags: maxtext-moe:VERSION and maxtext-moe:VERSION-SHA (SHA with a -dirty suffix for uncommitted changes).
 # For enroot (pyxis on SLURM): build with either engine, then `enroot import dockerd://maxtext-moe:TAG`
@@ -19,6 +20,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 registry=""
 base=""
 engine=""
+extra=()
 dry=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -26,7 +28,8 @@ while [[ $# -gt 0 ]]; do
     --base) base="${2:?--base needs an IMAGE}"; shift 2 ;;
     --engine) engine="${2:?--engine needs docker or podman}"; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +57,7 @@ if [[ "$engine" == podman ]]; then args+=(--format docker); fi
 args+=(--build-arg "VERSION=$version" --build-arg "GIT_SHA=$sha")
 if [[ -n "$base" ]]; then args+=(--build-arg "BASE_IMAGE=$base"); fi
 for tag in "${tags[@]}"; do args+=(-t "$tag"); done
+args+=("${extra[@]}")
 run "$engine" "${args[@]}" "$repo"
 
 if [[ -n "$registry" ]]; then

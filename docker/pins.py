@@ -57,11 +57,12 @@ def nccl_version(library: str = "libnccl.so.2") -> tuple[int, int, int] | None:
 
 
 def te_files() -> set[str]:
-  """Files of the installed Transformer Engine distributions (their RECORD), as relative paths."""
+  """Files the installed Transformer Engine distributions record (RECORD's first column; read as text:
+  `Distribution.files` leaves out what is not on disk, and a record is what is asked here)."""
   out = set()
   for dist in metadata.distributions():
     if _norm(dist.metadata["Name"] or "").startswith("transformer-engine"):
-      out |= {str(f) for f in dist.files or ()}
+      out |= {line.split(",")[0] for line in (dist.read_text("RECORD") or "").splitlines() if line}
   return out
 
 

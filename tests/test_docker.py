@@ -159,3 +159,15 @@ def test_the_entrypoint_runs_maxtext_moe_behind_ngcs_own_where_the_base_has_it(t
   assert r.returncode == 0 and Path(env["LOG"]).read_text() == "maxtext-moe doctor --json\n"
   text = (DOCKER / "entrypoint.sh").read_text()
   assert 'exec /opt/nvidia/nvidia_entrypoint.sh maxtext-moe "$@"' in text
+
+
+def test_the_image_smoke_says_why_in_one_line_and_skips_where_podman_cannot_run(tmp_path):
+  """Without podman, runc or debootstrap on PATH (or not as root): one line, exit 0, nothing built."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for tool in ("bash", "id", "dirname", "sed", "mkdir"):  # what the script needs before it checks
+    (bin_dir / tool).symlink_to(f"/usr/bin/{tool}" if Path(f"/usr/bin/{tool}").exists() else f"/bin/{tool}")
+  script = REPO / "scripts" / "image_smoke.sh"
+  r = subprocess.run(["bash", str(script)], env={"PATH": str(bin_dir)}, capture_output=True, text=True, check=False)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith("image_smoke.sh: skipped: needs podman runc debootstrap cc") and r.stdout.count("\n") == 1
