@@ -5,6 +5,7 @@ maxtext and the plugin on top (the image's builds match its CUDA, cuDNN and driv
   pip install -c /tmp/base.txt ...              # pip must keep them: a requirement that needs another
                                                 # version fails the build with pip's resolution error
   python3 docker/pins.py check /tmp/base.txt    # and nothing changed, was removed, or is too old
+  python3 docker/pins.py base                   # first of all: what the base lacks for our GPU path
 
 `check` also asks what our GPU path needs of the base: Transformer Engine >= 2.20 with its NCCL EP
 (`transformer_engine/jax/ep.py` among the distribution's files: TE cannot be imported without a GPU
@@ -93,9 +94,18 @@ def problems(base: dict[str, str], now: dict[str, str]) -> list[str]:
   return out
 
 
+def _report(found: list[str]) -> int:
+  for line in found:
+    print(f"pins.py: {line}", file=sys.stderr)
+  return 1 if found else 0
+
+
 def main(argv: list[str]) -> int:
+  if argv == ["base"]:  # before anything is installed: fails the build in seconds, not after pip's minutes
+    now = installed()
+    return _report(problems({}, now) + gpu_path_problems(now, te_files(), nccl_version()))
   if len(argv) != 2 or argv[0] not in ("freeze", "check"):
-    print("usage: pins.py freeze|check FILE", file=sys.stderr)
+    print("usage: pins.py base | freeze FILE | check FILE", file=sys.stderr)
     return 2
   command, path = argv
   if command == "freeze":
@@ -105,10 +115,7 @@ def main(argv: list[str]) -> int:
   with open(path, encoding="utf-8") as f:
     base = dict(line.strip().split("==", 1) for line in f if "==" in line)
   now = installed()
-  found = problems(base, now) + gpu_path_problems(now, te_files(), nccl_version())
-  for line in found:
-    print(f"pins.py: {line}", file=sys.stderr)
-  return 1 if found else 0
+  return _report(problems(base, now) + gpu_path_problems(now, te_files(), nccl_version()))
 
 
 if __name__ == "__main__":

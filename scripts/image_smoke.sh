@@ -79,3 +79,16 @@ for ubuntu_user in 1 0; do
   smoke
   echo "image_smoke.sh: ... in $((SECONDS - start)) s"
 done
+
+# A base whose NCCL is too old for TE's NCCL EP: the build stops at its first step, in one line.
+start=$SECONDS
+cc -shared -fPIC -O2 -DNCCL_CODE=22801 -Wl,-soname,libnccl.so.2 -o "$context/libnccl.so.2" "$repo/docker/standin/nccl.c"
+podman build --format docker -q "${net[@]}" --build-arg UBUNTU_USER=0 -f "$context/Containerfile" \
+  -t "$base_image-old-nccl" "$context" >/dev/null
+if "$repo/docker/build.sh" --engine podman --base "$base_image-old-nccl" -- "${net[@]}" >"$work/build-old.log" 2>&1; then
+  echo "image_smoke.sh: the image built on a base with NCCL 2.28.1" >&2
+  exit 1
+fi
+want="pins.py: the base image's NCCL 2.28.1 is older than 2.30.4, which TE's NCCL EP needs: use a newer base"
+grep -qxF "$want" "$work/build-old.log" || { echo "image_smoke.sh: no '$want' (see $work/build-old.log)" >&2; exit 1; }
+echo "image_smoke.sh: a base with NCCL 2.28.1 fails the build in one line, in $((SECONDS - start)) s"

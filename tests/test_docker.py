@@ -71,6 +71,8 @@ def test_freeze_then_check_sees_this_environment(tmp_path):
   assert any(line.startswith("jax==") for line in lines) and any(line.startswith("jaxlib==") for line in lines)
   r = subprocess.run([*run, "check", str(frozen)], capture_output=True, text=True, check=False)
   assert r.returncode == 1 and r.stderr.startswith("pins.py: the base image has no Transformer Engine")
+  base = subprocess.run([*run, "base"], capture_output=True, text=True, check=False)  # before anything installs
+  assert base.returncode == 1 and base.stderr.startswith("pins.py: the base image has no Transformer Engine")
   frozen.write_text(frozen.read_text().replace("jaxlib==", "jaxlib==0.0.1-was-"))
   r = subprocess.run([*run, "check", str(frozen)], capture_output=True, text=True, check=False)
   assert "pins.py: pip changed jaxlib 0.0.1-was-" in r.stderr
