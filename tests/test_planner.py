@@ -190,4 +190,5 @@ def test_plan_cli_exit_codes_and_messages(tmp_path):
   assert nothing.returncode == 1
   assert "no offload preset, EP/FSDP split or smaller micro-batch makes it fit" in nothing.stdout
   bad = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "--gpus", "100"], cwd=tmp_path)
-  assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "impossible layout" in bad.stderr
+  assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+  assert "100 GPUs is not a whole number of NVLink domains of 64 GPUs; use --nodes 16 or 32" in bad.stderr
