@@ -35,15 +35,14 @@ def test_the_guard_reports_every_change_to_the_base():
 
 
 def _fake_nccl(tmp_path, code: int):
-  """A libnccl.so.2 whose ncclGetVersion answers `code` (NCCL_VERSION_CODE), built with the C compiler."""
+  """The stand-in base's libnccl.so.2 (docker/standin/nccl.c) answering `code` (NCCL_VERSION_CODE)."""
   if shutil.which("cc") is None:
     pytest.skip("needs a C compiler (cc) to build a stand-in libnccl.so.2")
   where = tmp_path / str(code)  # one folder per library: the loader keeps one per path
   where.mkdir()
-  src = where / "nccl.c"
-  src.write_text(f"int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n")
   lib = where / "libnccl.so.2"
-  subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+  source = DOCKER / "standin" / "nccl.c"
+  subprocess.run(["cc", "-shared", "-fPIC", f"-DNCCL_CODE={code}", "-o", str(lib), str(source)], check=True)
   return str(lib)
 
 

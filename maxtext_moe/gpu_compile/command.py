@@ -112,10 +112,10 @@ def _resolve(
 
 
 @contextlib.contextmanager
-def _for_target(target: Target, *, te_available: bool, handles: list[dict[str, int]]) -> Iterator[None]:
+def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[str, int]]) -> Iterator[None]:
   """What the step asks the device while it is traced, answered for the target: cuDNN's attention checks,
-  and where TE imports its compute capability and its NCCL EP group (the handle sizes answered are
-  appended to `handles`)."""
+  and where TE imports its compute capability and its NCCL EP group (the handle answered, by top-k, in
+  `handles`)."""
   from maxtext_moe.upstream import jax_backend, te_target  # pylint: disable=import-outside-toplevel
 
   major, minor = target.gpu.compute_capability
@@ -130,8 +130,8 @@ def _for_target(target: Target, *, te_available: bool, handles: list[dict[str, i
       sm_count=target.gpu.sm_count,
     )
     size = nccl_ep.handle_mem_size(group, top_k=top_k)
-    handles.append({"ep_size": group.ep_size, "tokens": group.max_tokens_per_rank, "bytes": size,
-                    "recv_capacity": group.recv_capacity_per_rank, "nvlink_ranks": group.nvlink_ranks})  # fmt: skip
+    handles[top_k] = {"ep_size": group.ep_size, "tokens": group.max_tokens_per_rank, "bytes": size,
+                      "recv_capacity": group.recv_capacity_per_rank, "nvlink_ranks": group.nvlink_ranks}  # fmt: skip
     return size
 
   with contextlib.ExitStack() as stack:
@@ -169,7 +169,7 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
     devices_per_host=1,
   )  # fmt: skip
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
-  start, handles = time.monotonic(), []
+  start, handles = time.monotonic(), {}
   try:
     with _for_target(target, te_available=te_available, handles=handles):
       compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
@@ -179,7 +179,7 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
     cfg, compiled, target=target, recipe=recipe, usable=usable, substitutions=said,
     compile_s=time.monotonic() - start,
   )  # fmt: skip
-  report["planner"], report["te_ep_handles"] = planned, handles[:1]
+  report["planner"], report["te_ep_handles"] = planned, list(handles.values())
   compile_report.compare(report)
   if hlo_dir is not None:
     report["peak"] = peak_live_set(hlo_dir / "xla")

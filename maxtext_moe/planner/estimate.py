@@ -119,6 +119,12 @@ def maxtext_te_block(cfg: Any) -> bool:
   return bool(getattr(cfg, "te_moe_block", False)) and saved_activations.value_of(cfg.moe_impl) == "maxtext"
 
 
+def ours_with_te_ep(cfg: Any, dispatch: str) -> bool:
+  """Whether our block runs with TE's NCCL EP (its compiled programs' buffers, `xla_buffers`); MaxText's
+  TE block keeps the counts read before TE's EP compiled."""
+  return dispatch == "te_ep" and not maxtext_te_block(cfg)
+
+
 def experts_recomputed(cfg: Any, dispatch: str) -> bool:
   """Whether the experts' GEMM outputs are recomputed in the backward whatever the remat policy names:
   in MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes) and in
@@ -155,19 +161,19 @@ def _logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -
 
 
 def _moe_dispatch_bytes(
-  cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies, *, dispatch: str
+  cfg: Any, rows: int, received: int, d_b: int, copies: xla_buffers.Copies, *, te_ep: bool
 ) -> int:
   """The MoE block's buffers in its backward: the routed rows at the experts' largest moment (by D and by F;
   with TE's NCCL EP as its programs keep them, by whether the experts' forward is recomputed), their 1-byte
   copies under a quantized grouped GEMM, the exchange's receive buffers."""
   emb, ffn = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
-  if dispatch == "te_ep" and not maxtext_te_block(cfg):  # our block's programs; MaxText's TE block as before
-    saved = saved_activations.gated_pair_kept(cfg) and not experts_recomputed(cfg, dispatch)
+  if te_ep:
+    saved = saved_activations.gated_pair_kept(cfg) and not experts_recomputed(cfg, "te_ep")
     by_d, by_f = copies.te_ep_rows[1 if saved else 0]
     narrow = (by_d * emb + by_f * ffn) * d_b
   else:
     narrow = max(by_d * emb + by_f * ffn for by_d, by_f in copies.rows_narrow) * d_b
-  quantized_d, quantized_f = copies.quantized_rows if str(cfg.moe_gemm_quantization) in ("fp8", "mxfp8") else (0, 0)
+  quantized_d, quantized_f = copies.quantized_rows if number_format(cfg.moe_gemm_quantization) != "bf16" else (0, 0)
   routed = rows * (emb * copies.rows_f32_by_d * 4 + narrow + quantized_d * emb + quantized_f * ffn)
   return routed + received * emb * copies.received_narrow_by_d * d_b
 
@@ -234,10 +240,11 @@ def estimate(
   tokens = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
   copies = xla_buffers.for_hardware(cfg.hardware)
   rows, received = _moe_rows(cfg, tokens, sizes.get("expert", 1), dispatch)
-  moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies, dispatch=dispatch)
+  te_ep = ours_with_te_ep(cfg, dispatch)
+  moe_dispatch = _moe_dispatch_bytes(cfg, rows, received, d_b, copies, te_ep=te_ep)
   attention = _attention_bytes(cfg, tokens, d_b, copies)
   one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
-  weights = _layer_weights_bytes(one, d_b, copies, te_ep=dispatch == "te_ep" and not maxtext_te_block(cfg))
+  weights = _layer_weights_bytes(one, d_b, copies, te_ep=te_ep)
   activations = copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b
   fp8 = _fp8_dense_bytes(cfg, one, tokens)
   logits_phase, layer_logits = _logits_bytes(cfg, tokens, d_b, copies)
