@@ -29,12 +29,14 @@ def _free_port() -> int:
 
 
 def _conf(root: Path, host: str, cpus: int) -> str:
+  # cred_expire is also how long a requeued job waits before it may start again (120 s by default);
+  # UnkillableStepTimeout: a busy machine's slow exit after SIGTERM must not drain the only node.
   return f"""ClusterName=mtmoe
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.socket
+AuthInfo=socket={root}/munge.socket,cred_expire=30
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
@@ -56,6 +58,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 InactiveLimit=0
 KillWait=30
+UnkillableStepTimeout=300
 MinJobAge=600
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
@@ -107,6 +110,17 @@ class Cluster:
       if field.startswith("JobState="):
         return field.split("=", 1)[1]
     return "UNKNOWN"
+
+  def diagnosis(self, *jobs: str) -> str:
+    """What a test prints when it times out: the jobs and the node as SLURM sees them, and the daemons' logs'
+    last lines (a node drained by a slow kill, a requeued job held, a daemon gone)."""
+    parts = [self.run("scontrol", "show", "job", j).stdout for j in jobs]
+    parts.append(self.run("sinfo", "-N", "-o", "%N %T %E").stdout)
+    for log in ("slurmctld.log", "slurmd.log"):
+      path = self.root / log
+      if path.exists():
+        parts.append(f"--- {log}\n" + "\n".join(path.read_text().splitlines()[-25:]))
+    return "\n".join(parts)
 
   def stop(self) -> None:
     for p in reversed(self.procs):

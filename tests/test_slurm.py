@@ -19,7 +19,9 @@ pytestmark = [
   pytest.mark.skipif(slurm_localhost.missing() is not None, reason=str(slurm_localhost.missing())),
 ]
 FAST = ["per_device_batch_size=1", "max_target_length=128", "learning_rate=1e-2", "warmup_steps_fraction=0.0"]
-STEPS = 10
+# Enough steps that the SIGTERM sent at step 3 reaches the tasks before the run ends on its own (a second
+# or two; ten steps of 0.2 s once left it too late: the job completed, nothing to requeue).
+STEPS = 40
 
 
 @pytest.fixture
@@ -29,10 +31,13 @@ def cluster(tmp_path):
   c.stop()
 
 
-def _wait(predicate, seconds: float, what: str) -> None:
+def _wait(predicate, seconds: float, what: str, cluster=None, jobs: tuple[str, ...] = (), log=None) -> None:
+  """Until `predicate()`; on a timeout the assertion shows the job's log and what SLURM says of it."""
   deadline = time.monotonic() + seconds
   while not predicate():
-    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    if time.monotonic() >= deadline:
+      shown = log.read_text()[-3000:] if log is not None and log.exists() else ""
+      pytest.fail(f"timed out waiting for {what}\n{shown}\n{cluster.diagnosis(*jobs) if cluster else ''}")
     time.sleep(1)
 
 
@@ -54,12 +59,21 @@ def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(clus
   args = ["cpu/deepseek3-tiny", f"steps={STEPS}", "checkpoint_period=1000", "progress=plain", *FAST]
   job = _submit(cluster, tmp_path, args)
   log = tmp_path / f"req-{job}.out"
-  _wait(lambda: log.exists() and "step     3/" in log.read_text(), 420, "step 3")
+  _wait(lambda: log.exists() and "step     3/" in log.read_text(), 420, "step 3", cluster, (job,), log)
   text = log.read_text()
   assert "process 0/2" in text and "process 1/2" in text, "both tasks joined one job from SLURM's variables"
   assert cluster.run("scancel", "--signal=TERM", job).returncode == 0
-  _wait(lambda: log.read_text().count("maxtext-moe: training ") >= 2, 420, "the requeued run")
-  _wait(lambda: cluster.state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 420, "the requeued job's end")
+  requeued = lambda: log.read_text().count("maxtext-moe: training ") >= 2  # noqa: E731
+  _wait(lambda: requeued() or cluster.state(job) == "COMPLETED", 420, "the requeued run", cluster, (job,), log)
+  assert requeued(), f"the run ended before the SIGTERM reached it: raise STEPS\n{log.read_text()[-2000:]}"
+  _wait(
+    lambda: cluster.state(job) in ("COMPLETED", "FAILED", "CANCELLED"),
+    420,
+    "the requeued job's end",
+    cluster,
+    (job,),
+    log,
+  )
   text = log.read_text()
   assert cluster.state(job) == "COMPLETED", text[-4000:]
   stopped = [line for line in text.splitlines() if "maxtext-moe: stopped by SIGTERM after step" in line]
@@ -70,8 +84,16 @@ def test_train_sbatch_requeues_after_sigterm_and_resumes_to_the_same_losses(clus
   assert [r["step"] for r in rows] == list(range(STEPS)), "every step once, across the stop and the requeue"
   more = [a if not a.startswith("steps=") else f"steps={STEPS + 2}" for a in args]
   job2 = _submit(cluster, tmp_path, more)
-  _wait(lambda: cluster.state(job2) in ("COMPLETED", "FAILED", "CANCELLED"), 420, "the resubmitted job's end")
-  text2 = (tmp_path / f"req-{job2}.out").read_text()
+  log2 = tmp_path / f"req-{job2}.out"
+  _wait(
+    lambda: cluster.state(job2) in ("COMPLETED", "FAILED", "CANCELLED"),
+    420,
+    "the resubmitted job's end",
+    cluster,
+    (job2,),
+    log2,
+  )
+  text2 = log2.read_text()
   assert cluster.state(job2) == "COMPLETED", text2[-4000:]
   assert f"maxtext-moe: resuming from checkpoint {STEPS - 1}" in text2, text2[-4000:]
   resumed = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
