@@ -28,6 +28,7 @@ LAYERS = {
   "upstream": 4,
   "checkpoint": 5,
   "planner": 5,
+  "steptime": 6,
   "sft": 5,
   "pretrain": 5,
   "runlog": 5,

@@ -195,14 +195,15 @@ def test_fp8_recipe_is_predicted_ahead_of_nvidias_published_run():
   MXFP8 grouped, te_ep, the bias update kept) at >= 1.10x NVIDIA's published run on the same 128 GB300s,
   and it fits. Its dense GEMMs are FP8; the unembedding and the router are a bf16 class of their own."""
   from maxtext_moe.planner.memory_plan import memory_plan
-  from maxtext_moe.planner.step_plan import for_recipe
+  from maxtext_moe.steptime.recipe import for_recipe
 
   ours, nvidia = for_recipe("gb300x128/deepseek3-671b", []), for_recipe("gb300x128/deepseek3-671b-nvidia", [])
   assert ours.tflops_per_gpu >= 1.10 * nvidia.tflops_per_gpu, (ours.tflops_per_gpu, nvidia.tflops_per_gpu)
   assert memory_plan("gb300x128/deepseek3-671b", []).base.fits
-  assert "dense GEMMs (fp8)" in ours.parts and "unembedding and router GEMMs (bf16)" in ours.parts, ours.parts
+  line = lambda p, prefix: any(k.startswith(prefix) for k in p.parts)  # noqa: E731 - "(fp8, 53% of peak ...)"
+  assert line(ours, "dense GEMMs (fp8,") and line(ours, "unembedding and router GEMMs (bf16,"), ours.parts
   bf16 = for_recipe("gb300x128/deepseek3-671b", ["quantization="])
-  assert "dense GEMMs (bf16)" in bf16.parts and not any(k.startswith("unembedding") for k in bf16.parts)
+  assert line(bf16, "dense GEMMs (bf16,") and not line(bf16, "unembedding")
   assert bf16.tflops_per_gpu < ours.tflops_per_gpu
 
 

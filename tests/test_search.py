@@ -12,7 +12,7 @@ from conftest import REPO, run_cli
 from maxtext_moe.config import hardware
 from maxtext_moe.config.recipes import recipe_path
 from maxtext_moe.errors import UserError
-from maxtext_moe.planner import search
+from maxtext_moe.steptime import search
 
 
 def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from maxtext_moe.config.hardware import GPUS
-from maxtext_moe.planner import step_time as st
+from maxtext_moe.steptime import model as st
 
 
 def test_a_collective_inside_one_nvlink_domain_moves_its_ring_share_over_nvlink():
@@ -57,7 +57,7 @@ def _context(recipe: str):
 
 def _workload(recipe: str, overrides: list[str]):
   from maxtext_moe.moe.settings import resolve_dispatch
-  from maxtext_moe.planner.step_workload import workload
+  from maxtext_moe.steptime.workload import workload
   from maxtext_moe.upstream import config as upstream_config
 
   ctx = _context(recipe)
@@ -101,7 +101,7 @@ def test_the_fsdp_gathers_cover_every_weight_twice_per_step():
 
 
 def test_the_compiled_programs_collectives_replace_the_analytic_ones():
-  from maxtext_moe.planner.step_plan import with_compiled
+  from maxtext_moe.steptime.recipe import with_compiled
 
   w = st.Workload(
     "x", 1, 1.0, {"dense": 1e12}, {}, 0.0,

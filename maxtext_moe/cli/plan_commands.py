@@ -26,14 +26,16 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
     raise UserError(f"--mfu must be in (0, 1], got {ns.mfu}")
   if ns.compiled and not ns.time:
     raise UserError("--compiled is read by the step-time model: pass --time with it")
+  if ns.run and not ns.time:
+    raise UserError("--run is read by the step-time model: pass --time with it")
   compiled = _compile_report(ns.compiled) if ns.compiled else None
   result = memory_plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
   timed = None
   if ns.time:
-    from maxtext_moe.planner.step_plan import for_recipe
-    from maxtext_moe.planner.step_time import format_prediction
+    from maxtext_moe.steptime.model import format_prediction
+    from maxtext_moe.steptime.recipe import for_recipe
 
-    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled)
+    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled, run_dir=ns.run)
   if ns.json:
     print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
   else:
@@ -48,12 +50,12 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   from pathlib import Path
 
   from maxtext_moe.bench.report import emit
-  from maxtext_moe.planner import search
+  from maxtext_moe.steptime import search
 
   model, overrides = split_recipe(ns.args)
   if model is None:
     raise UserError("plan --search needs a MODEL: a recipe, a model of configs/models or a model YAML file")
-  for flag in ("time", "compiled", "gpus", "gpu_mem"):
+  for flag in ("time", "compiled", "gpus", "gpu_mem", "run"):
     if getattr(ns, flag):
       raise UserError(f"--{flag.replace('_', '-')} is not read by --search (it times every layout it keeps)")
   if ns.nodes is not None and ns.nodes < 1:
@@ -130,7 +132,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "each collective from its bytes and whether it crosses NVLink domains, what overlaps and what is "
     "exposed; step time, tokens/s, TFLOP/s per GPU, MFU and the three largest exposed costs. Its "
     "collectives are analytic, or XLA:GPU's with --compiled DIR (the --hlo DIR of 'maxtext-moe compile' "
-    "for the same recipe and overrides); the output says which.",
+    "for the same recipe and overrides); the output says which. The expert GEMMs and exchange run at the "
+    "busiest EP rank's rows: --run RUN_DIR takes that imbalance from a training run's moe_load.jsonl (the "
+    "same model; a short run of your own), else the model assumes a perfect balance and says so.",
   )
   p.add_argument("args", nargs="*", metavar="RECIPE [key=value]")
   add_nodes_option(p)
@@ -141,6 +145,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p.add_argument("--time", action="store_true", help="add the step-time model (GPU recipes)")
   p.add_argument(
     "--compiled", metavar="DIR", help="with --time: take the collectives from 'maxtext-moe compile --hlo DIR'"
+  )
+  p.add_argument(
+    "--run",
+    metavar="RUN_DIR",
+    help="with --time: the routing imbalance a training run of the same model measured (its moe_load.jsonl)",
   )
   p.add_argument(
     "--search",

@@ -7,8 +7,9 @@ import math
 from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
-from maxtext_moe.planner.step_time import Transfer, Workload
-from maxtext_moe.planner.step_workload import workload
+from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance, from_run
+from maxtext_moe.steptime.model import Transfer, Workload
+from maxtext_moe.steptime.workload import workload
 
 
 def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[int, int]] | None = None) -> Workload:
@@ -39,18 +40,28 @@ def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[in
   return dataclasses.replace(w, transfers=kept, host_syncs=host_syncs, sources=sources)
 
 
-def predict_config(ctx: Any, cfg: Any, label: str, compiled: dict | None = None) -> Any:
+def imbalance_of(cfg: Any, num_devices: int, run_dir: Any) -> Imbalance:
+  """The routing imbalance `run_dir`'s moe_load.jsonl measured at `cfg`'s EP size (unmeasured without one)."""
+  if run_dir is None:
+    return UNMEASURED
+  ep = math.prod(mesh_sides(cfg, num_devices).get("expert", (1, 1)))
+  return from_run(run_dir, ep, int(cfg.num_experts))
+
+
+def predict_config(
+  ctx: Any, cfg: Any, label: str, compiled: dict | None = None, imbalance: Imbalance = UNMEASURED
+) -> Any:
   """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan._context` of its recipe)."""
   from maxtext_moe.config.hardware import gpu as gpu_model  # pylint: disable=import-outside-toplevel
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import dispatch_kind  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.step_time import predict  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
 
   model = gpu_model(cfg.recipe_hardware)
   if model is None:
     raise UserError("plan --time models a GPU step; this recipe runs on CPU (pick a GPU recipe: 'maxtext-moe recipes')")
   kind = dispatch_kind(ctx, cfg)
-  w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label)
+  w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance)
   if compiled is not None:
     if int(compiled.get("devices", -1)) != ctx.num_devices or compiled.get("gpu") != str(cfg.recipe_hardware):
       raise UserError(
@@ -61,11 +72,15 @@ def predict_config(ctx: Any, cfg: Any, label: str, compiled: dict | None = None)
   return predict(w, model)
 
 
-def for_recipe(recipe: str, overrides: list[str], *, gpus: int | None = None, compiled: dict | None = None) -> Any:
-  """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given)."""
+def for_recipe(
+  recipe: str, overrides: list[str], *, gpus: int | None = None, compiled: dict | None = None, run_dir: Any = None
+) -> Any:
+  """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given; at
+  the routing imbalance `run_dir` measured when given)."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(recipe, overrides, gpus, None)
   divisibility.check(cfg, ctx.leaves, ctx.num_devices)  # a layout that cannot be built has no step time
-  return predict_config(ctx, cfg, f"{recipe} on {ctx.num_devices} GPUs", compiled)
+  imbalance = imbalance_of(cfg, ctx.num_devices, run_dir)
+  return predict_config(ctx, cfg, f"{recipe} on {ctx.num_devices} GPUs", compiled, imbalance)

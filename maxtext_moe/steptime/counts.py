@@ -1,5 +1,5 @@
 """Per-token counts of the step-time model: the forward FLOPs of MaxText's custom-remat tensors (what a
-policy recomputes) and the memory-bound ops' bytes (`step_workload` multiplies them by tokens and layers)."""
+policy recomputes) and the memory-bound ops' bytes (`workload` multiplies them by tokens and layers)."""
 
 from typing import Any
 
@@ -23,35 +23,62 @@ _REMAT_NAMES = (
 )
 
 
-def _per_token_forward_flops(cfg: Any) -> dict[str, float]:
-  """Forward FLOPs per token of one MoE layer's named tensors (the names of MaxText's custom remat)."""
+def projection_shapes(cfg: Any) -> dict[str, tuple[int, int]]:
+  """(N, K) of every GEMM of one MoE layer by the name MaxText's custom remat gives its output (the routed
+  experts' per token and expert, the shared experts' all of them together)."""
   emb, heads = int(cfg.emb_dim), int(cfg.num_query_heads)
-  k, ffn = int(cfg.num_experts_per_tok), int(cfg.moe_mlp_dim)
-  shared = int(cfg.shared_experts or 0)
-  seq = int(cfg.max_target_length)
+  ffn, shared = int(cfg.moe_mlp_dim), int(cfg.shared_experts or 0)
   if str(cfg.attention_type) == "mla":
     nope, rope, v = int(cfg.qk_nope_head_dim), int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
     q_lora, kv_lora = int(cfg.q_lora_rank), int(cfg.kv_lora_rank)
-    out = {
-      "query_wa_proj": 2 * emb * q_lora if q_lora else 0,
-      "query_proj": 2 * (q_lora or emb) * heads * (nope + rope),
-      "kv_wa_proj": 2 * emb * (kv_lora + rope),
-      "key_proj": 2 * kv_lora * heads * nope,
-      "value_proj": 2 * kv_lora * heads * v,
-      "out_proj": 2 * heads * v * emb,
-      "context": 2 * seq * heads * (nope + rope + v) / 2,  # causal
+    out = {"query_wa_proj": (q_lora, emb)} if q_lora else {}
+    out |= {
+      "query_proj": (heads * (nope + rope), q_lora or emb),
+      "kv_wa_proj": (kv_lora + rope, emb),
+      "key_proj": (heads * nope, kv_lora),
+      "value_proj": (heads * v, kv_lora),
+      "out_proj": (emb, heads * v),
     }
   else:
     hd, kv = int(cfg.head_dim), int(cfg.num_kv_heads)
-    out = {
-      "query_proj": 2 * emb * heads * hd,
-      "key_proj": 2 * emb * kv * hd,
-      "value_proj": 2 * emb * kv * hd,
-      "out_proj": 2 * heads * hd * emb,
-      "context": 4 * seq * heads * hd / 2,
-    }
-  out |= {"moe_mlpwi_0": 2 * emb * ffn * k, "moe_mlpwi_1": 2 * emb * ffn * k, "moe_mlpwo": 2 * ffn * emb * k}
-  out |= {"mlpwi_0": 2 * emb * ffn * shared, "mlpwi_1": 2 * emb * ffn * shared, "mlpwo": 2 * ffn * emb * shared}
+    out = {"query_proj": (heads * hd, emb), "key_proj": (kv * hd, emb), "value_proj": (kv * hd, emb)}
+    out["out_proj"] = (emb, heads * hd)
+  out |= {"moe_mlpwi_0": (ffn, emb), "moe_mlpwi_1": (ffn, emb), "moe_mlpwo": (emb, ffn)}
+  if shared:
+    out |= {"mlpwi_0": (ffn * shared, emb), "mlpwi_1": (ffn * shared, emb), "mlpwo": (emb, ffn * shared)}
+  return out
+
+
+def _per_token_forward_flops(cfg: Any) -> dict[str, float]:
+  """Forward FLOPs per token of one MoE layer's named tensors (the names of MaxText's custom remat)."""
+  k = int(cfg.num_experts_per_tok)
+  out = {n: 2 * nn * kk * (k if n.startswith("moe_") else 1) for n, (nn, kk) in projection_shapes(cfg).items()}
+  seq, heads = int(cfg.max_target_length), int(cfg.num_query_heads)
+  if str(cfg.attention_type) == "mla":
+    qk, v = int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim), int(cfg.v_head_dim)
+    out["context"] = 2 * seq * heads * (qk + v) / 2  # causal
+  else:
+    out["context"] = 4 * seq * heads * int(cfg.head_dim) / 2
+  return {n: out.get(n, 0) for n in _REMAT_NAMES}
+
+
+def gemm_shapes(cfg: Any, rows: int, dense_layers: int, moe_layers: int) -> dict[str, list[tuple]]:
+  """{class: [(M, N, K, FLOPs per step share)]} of one GPU's GEMMs: the dense ones at `rows` (tokens per
+  micro-batch), the routed experts' at their rows per GPU (`rows` x top-k, every local expert in one
+  grouped kernel), the unembedding at `rows` x vocabulary."""
+  k = int(cfg.num_experts_per_tok)
+  out: dict[str, list[tuple]] = {"dense": [], "grouped": [], "head": []}
+  for name, (n, kk) in projection_shapes(cfg).items():
+    if name.startswith("moe_"):
+      out["grouped"].append((rows * k, n, kk, 2.0 * n * kk * k * moe_layers))
+    elif not name.startswith("mlp"):
+      out["dense"].append((rows, n, kk, 2.0 * n * kk * (moe_layers + dense_layers)))
+    else:
+      out["dense"].append((rows, n, kk, 2.0 * n * kk * moe_layers))
+  mlp, emb = int(cfg.mlp_dim), int(cfg.emb_dim)
+  if dense_layers:  # the dense layers' gated MLP
+    out["dense"] += [(rows, mlp, emb, 4.0 * mlp * emb * dense_layers), (rows, emb, mlp, 2.0 * mlp * emb * dense_layers)]
+  out["head"].append((rows, int(cfg.vocab_size), emb, 2.0 * int(cfg.vocab_size) * emb))
   return out
 
 

@@ -189,7 +189,7 @@ class Found:
   layout: Layout
   device_gib: float
   global_batch: int
-  prediction: Any  # step_time.Prediction
+  prediction: Any  # steptime.model.Prediction
 
   def row(self) -> dict[str, Any]:
     return {
@@ -215,7 +215,7 @@ def search(base: Base) -> tuple[list[Found], int, Any]:
   from maxtext_moe.config.nodes import global_batch  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.step_plan import predict_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(str(base.path), base.overrides, None, None)

@@ -19,7 +19,7 @@
   programs do), then all-reduced over `data`.
 - The expert exchange: dispatch and combine per MoE layer in the forward, their transposes in the
   backward, and again in the recomputed forward under `full`; rows per GPU: te_ep and MaxText's TE block
-  send a token once per destination rank (`step_time.unique_ranks`), all_to_all its padded receive
+  send a token once per destination rank (`model.unique_ranks`), all_to_all its padded receive
   buffer (`moe.settings.received_rows`).
 - Host offload: what the remat policy offloads (the planner's `saved_activations`), out in the forward and
   back in the backward, and offloaded optimizer state and parameters, in for the update and back out,
@@ -43,8 +43,10 @@ from maxtext_moe.planner.estimate import (
   maxtext_te_block,
 )
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
-from maxtext_moe.planner.step_counts import memory_bytes_per_token, recompute_tflops, value_of
-from maxtext_moe.planner.step_time import Transfer, Workload, unique_ranks
+from maxtext_moe.steptime import launch
+from maxtext_moe.steptime.counts import gemm_shapes, memory_bytes_per_token, recompute_tflops, value_of
+from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance
+from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
 
 _MOE_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
@@ -56,8 +58,8 @@ def formats(cfg: Any) -> dict[str, str]:
 
 
 def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
-  """(bytes per GPU as computed with, ways gathered, NVLink domains the gather spans, shard bytes per GPU)
-  of every parameter leaf."""
+  """(bytes per GPU as computed with, ways gathered, NVLink domains the gather spans, launches (a scanned
+  leaf is gathered layer by layer), shard bytes per GPU) of every parameter leaf."""
   # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
   # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
   w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
@@ -76,7 +78,8 @@ def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[in
         else:
           gathered *= ici * dcn
           domains *= dcn
-    out.append((total * w_b / kept, gathered, domains, total * w_b / kept / gathered))
+    launches = shape[names.index("layers")] if "layers" in names else 1
+    out.append((total * w_b / kept, gathered, domains, launches, total * w_b / kept / gathered))
   return out
 
 
@@ -139,10 +142,10 @@ def _fsdp_transfers(cfg: Any, leaves: list, step: _Step) -> list[Transfer]:
   """The weights' gathers (forward and backward) and their gradients' reductions, per group."""
   groups = _gather_groups(cfg, leaves, step.rules, step.sides)
   by_group: dict[tuple[int, int], list[float]] = {}
-  for gathered, group, domains, _ in groups:
+  for gathered, group, domains, launches, _ in groups:
     row = by_group.setdefault((group, domains), [0.0, 0.0])
     row[0] += gathered
-    row[1] += 1
+    row[1] += launches
   out = []
   for (group, domains), (nbytes, n) in sorted(by_group.items()):
     where = f"x{group}" + (f" over {domains} NVLink domains" if domains > 1 else "")
@@ -197,8 +200,37 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
   return out
 
 
-def workload(cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: str) -> Workload:
-  """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs."""
+def _attention_forward(cfg: Any, step: _Step) -> float:
+  """The forward's FLOPs of attention per step (MaxText counts training attention as 3 forwards), run again
+  under full remat or when the policy recomputes `context`."""
+  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=C0415
+
+  forward = train_tflops_per_device(cfg)[2] / 3
+  again = step.full or (str(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "context", "device")) == "remat")
+  return forward * (2 if again else 1) * 1e12
+
+
+def _kernels(cfg: Any, step: _Step) -> tuple[float, float]:
+  """(outside, inside) command buffers: the kernels launched per step (`launch.py`)."""
+  from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
+
+  fmts = formats(cfg)
+  types = launch.xla_command_types(flags.for_config(cfg, keep_process_flags=False).xla_flags)
+  te_gemms = maxtext_te_block(cfg) or str(cfg.quantization).startswith("te")
+  passes = 4 if step.full else 3  # forward, backward (2x), the recomputed forward
+  microbatches = int(cfg.gradient_accumulation_steps)
+  out = inside = 0.0
+  for moe, count in ((True, step.moe_layers), (False, step.layers - step.moe_layers)):
+    o, i = launch.xla_split(launch.kernels_per_layer(cfg, fmts, moe=moe), types, te_gemms)
+    out += o * count * passes * microbatches
+    inside += i * count * passes * microbatches
+  return out, inside
+
+
+def workload(
+  cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: str, imbalance: Imbalance = UNMEASURED
+) -> Workload:
+  """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`."""
   step = _step(cfg, num_devices, dispatch)
   flops, total, shared, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
@@ -216,8 +248,19 @@ def workload(cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: 
     transfers=transfers,
     hideable_flops=shared * (4 / 3 if step.full else 1) * 1e12,
     host_syncs=host_syncs,
+    attention_fwd_flops=_attention_forward(cfg, step),
+    gemm_shapes=gemm_shapes(
+      cfg,
+      int(float(cfg.per_device_batch_size) * int(cfg.max_target_length)),
+      step.layers - step.moe_layers,
+      step.moe_layers,
+    ),
+    kernels=_kernels(cfg, step),
+    imbalance=imbalance.factor if step.moe_layers else 1.0,
     sources={
       "FLOPs": f"MaxText's count ({total:,.0f} TFLOP) + recompute ({recompute_note})",
       "collectives": "analytic, from the parameter tree's shardings and the MoE settings",
+      "GEMM efficiency": "by shape, XLA:GPU's measured matmul table (steptime/gemm.py)",
+      "routing imbalance": imbalance.source,
     },
   )

@@ -3,19 +3,23 @@
 `predict(workload, gpu)` adds up, per GPU and step:
 
   compute      FLOPs per class (dense GEMMs, grouped expert GEMMs, attention; MaxText's own count plus what
-               the remat policy recomputes) at the class's peak for its number format x an efficiency
-               measured by a published microbenchmark (`CONSTANTS`), and the memory-bound ops' bytes at
-               HBM bandwidth x its measured efficiency
+               the remat policy recomputes) at the class's peak for its number format x an efficiency:
+               the GEMMs' by their shapes (`gemm.py`, XLA's measured matmul table), attention's forward
+               and backward each its own (`constants.py`, published kernel benchmarks), and the
+               memory-bound ops' bytes at HBM bandwidth x its measured efficiency
+  imbalance    the grouped GEMMs and the expert exchange at the busiest EP rank's rows (`imbalance.py`)
   collectives  each from its bytes, its group size and whether its group stays inside one NVLink domain:
                a group of g GPUs spanning r domains moves (g-1)/g of its data over NVLink and (r-1)/g of it
                out of each GPU's own NIC (NCCL's rings cross a domain boundary once per chunk), at the
-               slower of the two; all-to-all sends (r-1)/r of its rows over the network
+               slower of the two; all-to-all sends (r-1)/r of its rows over the network; plus NCCL's own
+               latency per launch (`latency.py`)
   overlap      FSDP weight gathers, gradient reductions and host offload copies run on their own streams
                beside the compute (XLA's latency-hiding scheduler): only what exceeds the compute is exposed;
                the expert exchange (dispatch and combine) waits for the router and feeds the expert GEMMs, so
                only the shared experts' GEMMs hide it
   host         host syncs (a conditional outside a command buffer, `compile`'s count) at a launch latency
-               each; pipeline bubbles (pp - 1) / (vpp x microbatches) of the compute
+               each; the gaps between kernels, in and outside command buffers (`launch.py`); pipeline
+               bubbles (pp - 1) / (vpp x microbatches) of the compute
 
 and prints step time, tokens/s, TFLOP/s per GPU (MaxText's count) and MFU against the bf16 peak, and the
 three largest exposed costs. A `Workload` comes from a resolved MaxText config (`workload`: the
@@ -30,67 +34,15 @@ import dataclasses
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
+from maxtext_moe.steptime import gemm, launch
+from maxtext_moe.steptime.constants import CONSTANTS, HOST_LINK_GBS, constant, host_link_gbs  # noqa: F401
+from maxtext_moe.steptime.latency import collective_latency_s
 
-
-@dataclasses.dataclass(frozen=True)
-class Constant:
-  value: float
-  source: str
-
-
-CONSTANTS: dict[str, Constant] = {
-  "gemm_efficiency_blackwell": Constant(
-    2672 / 5000,
-    "Megatron-Core, 'Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72' (2025-11): an MXFP8 "
-    "grouped GEMM at K=7,168, N=2,048 runs at 2,672 TFLOP/s on a GB200 (L2 flushed), of 5,000 dense; applied "
-    "to every GEMM format (no published bf16 Blackwell GEMM microbenchmark was found)",
-  ),
-  "gemm_efficiency_hopper": Constant(
-    1350 / 1979,
-    "DeepGEMM README (deepseek-ai, 2025-02): FP8 GEMMs, dense and grouped, up to 1,350+ TFLOP/s on H800, "
-    "of 1,979 dense; applied to every GEMM format",
-  ),
-  "attention_efficiency_blackwell": Constant(
-    1613 / 1.3 / 2250,
-    "FlashAttention-4 (Dao et al., 2026): 1,613 TFLOP/s BF16 on B200, 1.3x cuDNN 9.13, so cuDNN at about "
-    "1,241 of 2,250 dense",
-  ),
-  "attention_efficiency_hopper": Constant(
-    740 / 989, "FlashAttention-3 (Shah et al., 2024): BF16 forward up to 740 TFLOP/s on H100, of 989 dense"
-  ),
-  "hbm_efficiency": Constant(
-    6000 / 8000,
-    "CUDA samples bandwidthTest on B200 (newmind.ai, 2025-04): over 6,000 GB/s device-to-device of 8,000",
-  ),
-  "nvlink_efficiency": Constant(
-    811 / 900,
-    "nccl-tests over multi-node NVLink on GB200 NVL72 (lixueduan.com, 2025): 811 GB/s bus bandwidth of "
-    "900 GB/s per direction",
-  ),
-  "network_efficiency": Constant(1.0, "the NIC's line rate (data sheet; an upper bound: no measurement used)"),
-  "host_sync_s": Constant(
-    20e-6, "one kernel launch after the host waited for the stream (CUDA launch latency, order 5-20 us)"
-  ),
-}
-
-HOST_LINK_GBS = {  # one direction, per GPU
-  "pcie5": Constant(64.0, "PCIe 5.0 x16: 64 GB/s per direction (PCI-SIG)"),
-  "c2c": Constant(
-    225.0, "NVLink-C2C: 900 GB/s bidirectional per Grace CPU and its 2 Blackwell GPUs (NVIDIA GB200/GB300 data sheet)"
-  ),
-}
-
-
-def constant(name: str) -> float:
-  return CONSTANTS[name].value
+Shape = tuple[int, int, int, float]  # one GEMM: M, N, K and its share of its class's FLOPs
 
 
 def _arch(gpu: GpuModel) -> str:
-  return "blackwell" if gpu.compute_capability[0] >= 10 else "hopper"
-
-
-def host_link_gbs(gpu: GpuModel) -> float:
-  return HOST_LINK_GBS["c2c" if gpu.nvlink_domain > 8 else "pcie5"].value
+  return gemm.arch(gpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +56,7 @@ class Transfer:
   domains: int  # NVLink domains the group spans
   overlappable: bool  # runs beside the compute (FSDP, gradients, offload) or waits for it (EP)
   count: float = 1.0  # launches per step
+  network_bytes: float | None = None  # an all-to-all that forwards over NVLink: what crosses the network
 
 
 @dataclasses.dataclass
@@ -118,6 +71,10 @@ class Workload:
   memory_bytes: float  # memory-bound ops' HBM traffic
   transfers: list[Transfer]
   hideable_flops: float  # FLOPs that can hide the expert exchange (the shared experts')
+  attention_fwd_flops: float = 0.0  # of flops["attention"]: the forward's (the rest is backward, MaxText's 2x)
+  gemm_shapes: dict[str, list[Shape]] = dataclasses.field(default_factory=dict)  # per class; none: a large GEMM
+  kernels: tuple[float, float] = (0.0, 0.0)  # launched per step outside / inside command buffers or graphs
+  imbalance: float = 1.0  # max/mean rows per EP rank (imbalance.py)
   host_syncs: float = 0.0
   pipeline: tuple[int, int, int] = (1, 1, 1)  # stages, virtual stages, microbatches
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # where each part came from
@@ -143,6 +100,10 @@ class Prediction:
   def mfu(self) -> float:
     return self.tflops_per_gpu / self.gpu.peak_tflops["bf16"]
 
+  def largest(self) -> list[tuple[str, float]]:
+    """The costs on the step's critical path (compute lines and exposed costs), largest first."""
+    return sorted(((k, v) for k, v in self.parts.items() if not k.endswith("(overlapped)")), key=lambda kv: -kv[1])
+
   def as_dict(self) -> dict[str, Any]:
     return {
       "label": self.workload.label,
@@ -152,6 +113,7 @@ class Prediction:
       "mfu_bf16": round(self.mfu, 4),
       "parts_s": {k: round(v, 4) for k, v in self.parts.items()},
       "exposed_s": [[k, round(v, 4)] for k, v in self.exposed[:3]],
+      "largest_s": [[k.removeprefix("exposed: "), round(v, 4)] for k, v in self.largest()[:3]],
       "sources": self.workload.sources,
     }
 
@@ -169,7 +131,7 @@ def transfer_seconds(t: Transfer, gpu: GpuModel) -> float:
     return t.wire_bytes / (net if r > 1 else nvlink)
   if t.kind == "all-to-all":
     local = t.wire_bytes * (g / r - 1) / g / nvlink
-    remote = t.wire_bytes * (r - 1) / r / net if r > 1 else 0.0
+    remote = (t.wire_bytes * (r - 1) / r if t.network_bytes is None else t.network_bytes) / net if r > 1 else 0.0
     return max(local, remote)
   passes = 2 if t.kind == "all-reduce" else 1  # a reduce-scatter then an all-gather
   over_nvlink = passes * t.wire_bytes * (g - 1) / g / nvlink
@@ -177,36 +139,59 @@ def transfer_seconds(t: Transfer, gpu: GpuModel) -> float:
   return max(over_nvlink, over_net)
 
 
-def predict(w: Workload, gpu: GpuModel) -> Prediction:
-  """The step time of `w` on `gpu`."""
+def _compute(w: Workload, gpu: GpuModel) -> tuple[dict[str, float], float]:
+  """({line: seconds} of the compute, the dense GEMMs' rate in FLOP/s): GEMMs at their shapes' efficiency,
+  attention's forward and backward each at its own."""
   arch = _arch(gpu)
-  eff = {"dense": constant(f"gemm_efficiency_{arch}"), "grouped": constant(f"gemm_efficiency_{arch}")}
-  eff["attention"] = constant(f"attention_efficiency_{arch}")
   parts: dict[str, float] = {}
+  dense_rate = 0.0
   for cls, flops in w.flops.items():
     fmt = w.formats.get(cls, "bf16")
     peak = gpu.peak_tflops.get(fmt, gpu.peak_tflops["bf16"]) * 1e12
-    label = {"attention": "attention (bf16)", "head": f"unembedding and router GEMMs ({fmt})"}.get(cls)
-    parts[label or f"{cls} GEMMs ({fmt})"] = flops / (peak * eff.get(cls, eff["dense"]))
+    if cls == "attention":
+      fwd = w.attention_fwd_flops or flops / 3
+      bwd = (flops - fwd) * constant("attention_bwd_flops") / 2  # MaxText counts the backward as 2 forwards
+      parts[f"attention forward ({fmt})"] = fwd / (peak * constant(f"attention_efficiency_{arch}"))
+      parts[f"attention backward ({fmt})"] = bwd / (peak * constant(f"attention_bwd_efficiency_{arch}"))
+      continue
+    eff = gemm.class_efficiency(gpu, fmt, w.gemm_shapes.get(cls))
+    name = {"head": "unembedding and router GEMMs"}.get(cls, f"{cls} GEMMs")
+    parts[f"{name} ({fmt}, {eff:.0%} of peak at their shapes)"] = flops / (peak * eff)
+    if cls == "dense":
+      dense_rate = peak * eff
   parts["memory-bound ops"] = w.memory_bytes / (gpu.hbm_bandwidth * constant("hbm_efficiency"))
-  compute = sum(parts.values())
-  dense_rate = gpu.peak_tflops.get(w.formats.get("dense", "bf16"), gpu.peak_tflops["bf16"]) * 1e12 * eff["dense"]
-  hide_ep = w.hideable_flops / dense_rate
+  return parts, dense_rate or gpu.peak_tflops["bf16"] * 1e12 * gemm.class_efficiency(gpu, "bf16", None)
 
+
+def _transfers(w: Workload, gpu: GpuModel, parts: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+  """({exchange: seconds} waited for, {stream: seconds} beside the compute), NCCL's latency per launch
+  included; the overlapped ones are added to `parts`."""
   exposed: dict[str, float] = {}
   streams: dict[str, float] = {}
   for t in w.transfers:
-    seconds = transfer_seconds(t, gpu)
+    seconds = transfer_seconds(t, gpu) + t.count * collective_latency_s(t.kind, t.group, t.domains)
     if t.overlappable:  # one stream for collectives, one for host copies
       stream = "host" if t.kind == "host" else "collectives"
       streams[stream] = streams.get(stream, 0.0) + seconds
       parts[f"{t.name} (overlapped)"] = seconds
     else:
       exposed[t.name] = exposed.get(t.name, 0.0) + seconds
+  return exposed, streams
+
+
+def predict(w: Workload, gpu: GpuModel) -> Prediction:
+  """The step time of `w` on `gpu`."""
+  parts, dense_rate = _compute(w, gpu)
+  compute = sum(parts.values())
+  exposed, streams = _transfers(w, gpu, parts)
   ep_total = sum(exposed.values())
   if ep_total > 0:  # the shared experts hide part of the exchange, in proportion
-    hidden = min(hide_ep, ep_total)
+    hidden = min(w.hideable_flops / dense_rate, ep_total)
     exposed = {k: v * (1 - hidden / ep_total) for k, v in exposed.items()}
+  if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank
+    grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
+    busiest = (w.imbalance - 1.0) * (grouped + sum(exposed.values()))
+    exposed[f"routing imbalance (busiest EP rank {w.imbalance:.2f}x the mean)"] = busiest
   for stream, seconds in streams.items():
     if seconds > compute:
       exposed[f"{'host offload copies' if stream == 'host' else 'FSDP/gradient collectives'} beyond the compute"] = (
@@ -214,6 +199,11 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
       )
   if w.host_syncs:
     exposed["host syncs"] = w.host_syncs * constant("host_sync_s")
+  outside, inside = w.kernels
+  if outside or inside:
+    exposed[f"kernel launch gaps ({outside:,.0f} one by one, {inside:,.0f} from graphs)"] = launch.seconds(
+      outside, inside
+    )
   stages, virtual, micro = w.pipeline
   if stages > 1:
     exposed["pipeline bubble"] = compute * (stages - 1) / (virtual * micro)

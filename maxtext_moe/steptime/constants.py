@@ -1,0 +1,97 @@
+"""The step-time model's constants, each with its source. None was fitted to a figure `bench timemodel`
+checks against; GEMM efficiencies by shape are `gemm.py`'s table."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+  value: float
+  source: str
+
+
+CONSTANTS: dict[str, Constant] = {
+  "gemm_mxfp8_blackwell": Constant(
+    2672 / 5000,
+    "Megatron-Core, 'Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72' (2025-11): an MXFP8 "
+    "grouped GEMM at K=7,168, N=2,048 runs at 2,672 TFLOP/s on a GB200 (L2 flushed), of 5,000 dense "
+    "(`gemm.py` carries it to other shapes)",
+  ),
+  "gemm_fp8_hopper": Constant(
+    1520 / 1979,
+    "DeepGEMM README (deepseek-ai/DeepGEMM 327ec92f, 2025-04): dense FP8 GEMM M=4,096 N=7,168 K=16,384 at "
+    "1,520 TFLOP/s on H800, of 1,979 dense (`gemm.py` carries it to other shapes)",
+  ),
+  "attention_efficiency_blackwell": Constant(
+    1613 / 1.3 / 2250,
+    "FlashAttention-4 (Dao et al., 2026): 1,613 TFLOP/s BF16 on B200, 1.3x cuDNN 9.13, so cuDNN at about "
+    "1,241 of 2,250 dense",
+  ),
+  "attention_efficiency_hopper": Constant(
+    740 / 989, "FlashAttention-3 (Shah et al., 2024): BF16 forward up to 740 TFLOP/s on H100, of 989 dense"
+  ),
+  "attention_bwd_efficiency_blackwell": Constant(
+    1613 / 1.3 / 2250 * 1208.6 / 1418.1,
+    "the forward's (above) x FlashAttention-4's backward/forward ratio on B200 (Dao-AILab/flash-attention PR "
+    "#2280: causal, head dim 128, sequence 8,192, 2-CTA backward 1,208.6 vs forward 1,418.1 TFLOP/s); a "
+    "backward counted as 2.5 forwards (`attention_bwd_flops`)",
+  ),
+  "attention_bwd_efficiency_hopper": Constant(
+    542 / 989,
+    "FlashAttention-3 (Shah et al., 2024, Fig. 6): BF16 backward 542 TFLOP/s on H100 at head dim 128, sequence "
+    "4,096, of 989 dense; a backward counted as 2.5 forwards",
+  ),
+  "attention_bwd_flops": Constant(
+    2.5,
+    "FlashAttention's count of its backward, in forwards (the scores recomputed: 5 matmuls to the forward's 2; "
+    "its benchmarks' convention, which the two backward efficiencies above use); MaxText counts 2",
+  ),
+  "nccl_base_latency_s": Constant(
+    8.4e-6,
+    "NCCL's tuning model (NVIDIA/nccl v2.30.7-1, src/graph/tuning.cc, baseLat): Ring, Simple protocol, 8.4 us "
+    "per collective",
+  ),
+  "nccl_nvlink_step_s": Constant(
+    3.4e-6, "NCCL's tuning model (tuning.cc, hwLat[NVLINK]): Ring, Simple, 3.4 us per ring step over NVLink"
+  ),
+  "nccl_net_step_s": Constant(
+    14.0e-6, "NCCL's tuning model (tuning.cc, hwLat[NET]): Ring, Simple, 14.0 us per ring step over the network"
+  ),
+  "kernel_gap_stream_s": Constant(
+    0.9e-6,
+    "A. Gray, 'Getting Started with CUDA Graphs' (NVIDIA blog, 2019): back-to-back launches in a stream take "
+    "3.8 us per kernel of 2.9 us: 0.9 us each",
+  ),
+  "kernel_gap_graph_s": Constant(
+    0.5e-6, "the same blog: 3.4 us per kernel of 2.9 us when the kernels run as one CUDA graph: 0.5 us each"
+  ),
+  "hbm_efficiency": Constant(
+    6000 / 8000,
+    "CUDA samples bandwidthTest on B200 (newmind.ai, 2025-04): over 6,000 GB/s device-to-device of 8,000",
+  ),
+  "nvlink_efficiency": Constant(
+    811 / 900,
+    "nccl-tests over multi-node NVLink on GB200 NVL72 (lixueduan.com, 2025): 811 GB/s bus bandwidth of "
+    "900 GB/s per direction",
+  ),
+  "network_efficiency": Constant(1.0, "the NIC's line rate (data sheet; an upper bound: no measurement used)"),
+  "host_sync_s": Constant(
+    20e-6, "one kernel launch after the host waited for the stream (CUDA launch latency, order 5-20 us)"
+  ),
+}
+
+HOST_LINK_GBS = {  # one direction, per GPU
+  "pcie5": Constant(64.0, "PCIe 5.0 x16: 64 GB/s per direction (PCI-SIG)"),
+  "c2c": Constant(
+    225.0, "NVLink-C2C: 900 GB/s bidirectional per Grace CPU and its 2 Blackwell GPUs (NVIDIA GB200/GB300 data sheet)"
+  ),
+}
+
+
+def constant(name: str) -> float:
+  return CONSTANTS[name].value
+
+
+def host_link_gbs(gpu) -> float:
+  """The host link's bandwidth per GPU and direction, GB/s: NVLink-C2C on Grace systems, PCIe 5 otherwise."""
+  return HOST_LINK_GBS["c2c" if gpu.nvlink_domain > 8 else "pcie5"].value
