@@ -136,6 +136,19 @@ def check_block_supports_model(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {_FIX}")
 
 
+def check_no_pipeline_for_moe(cfg: Any) -> None:
+  """MaxText's pipeline parallelism does not compile an MoE model here (found on 4 CPU devices, with our block
+  and with MaxText's own): it keeps only parameters and RNG state per layer, and the MoE layers record state of
+  their own (our block: each layer's expert load, which the bias update and moe_load.jsonl read)."""
+  stages = int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
+  if stages > 1 and int(cfg.num_experts) > 1:
+    raise ValueError(
+      f"MaxText's pipeline parallelism ({stages} stages) does not run MoE layers yet (it keeps only parameters "
+      "and RNG state per layer; the MoE layers record their expert load): split across nodes with FSDP or "
+      "data instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
+    )
+
+
 def check_finetune_has_weights(cfg: Any) -> None:
   """A fine-tuning recipe must load weights; a local checkpoint must exist and look like Orbax's."""
   path = cfg.load_parameters_path or cfg.load_full_state_path
@@ -213,5 +226,6 @@ ALL_CHECKS = (
   check_buffers_and_capacity,
   check_gemm_quantization,
   check_block_supports_model,
+  check_no_pipeline_for_moe,
   check_finetune_has_weights,
 )
