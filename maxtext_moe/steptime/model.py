@@ -190,8 +190,11 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
     exposed = {k: v * (1 - hidden / ep_total) for k, v in exposed.items()}
   if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank
     grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
-    busiest = (w.imbalance - 1.0) * (grouped + sum(exposed.values()))
-    exposed[f"routing imbalance (busiest EP rank {w.imbalance:.2f}x the mean)"] = busiest
+    name = f"routing imbalance (busiest EP rank {w.imbalance:.2f}x the mean)"
+    if w.imbalance > 1.0:
+      exposed[name] = (w.imbalance - 1.0) * (grouped + sum(exposed.values()))
+    else:  # shown, not ranked among the exposed costs
+      parts[name] = 0.0
   for stream, seconds in streams.items():
     if seconds > compute:
       exposed[f"{'host offload copies' if stream == 'host' else 'FSDP/gradient collectives'} beyond the compute"] = (
