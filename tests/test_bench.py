@@ -36,15 +36,18 @@ def test_bounded_ep_measurement_on_a_small_shape(monkeypatch):
 
 @pytest.mark.extended
 def test_timemodel_prints_every_published_point_beside_its_prediction(capsys):
-  """`bench timemodel --quick`: the three published points, each ratio predicted / published, and every
-  constant with its source in the JSON."""
+  """`bench timemodel --quick`: the ten published points, each ratio predicted / published with its three
+  largest costs, the count inside the target, and every constant with its source in the JSON."""
   from maxtext_moe.bench import timemodel
 
   result = timemodel.run(out=__import__("sys").stdout, as_json=True, quick=True)
   points = {r["point"]: r for r in result["published"]}
-  assert len(points) == 3 and all(
+  assert len(points) == 10 and all(
     r["ratio"] == pytest.approx(r["predicted"] / r["published"], abs=1e-3) for r in points.values()
   )
+  lo, hi = result["target"]
+  assert result["within_target"] == sum(lo <= r["ratio"] <= hi for r in points.values())
+  assert all(len(r["largest_s"]) == 3 for r in points.values())
   assert all(c["source"] for c in result["constants"].values())
   assert capsys.readouterr().out.strip().splitlines()[-1].startswith("{")
 

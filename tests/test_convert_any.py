@@ -156,7 +156,7 @@ def test_model_yaml_is_a_model_file_for_any_recipe(tmp_path, upstream_config):
   model_yml = tmp_path / "out" / "model.yml"
   cfg = upstream_config.resolve(REPO / "configs/recipes/h200x8/deepseek3-proxy-16b.yml", [f"model_file={model_yml}"])
   assert (cfg.num_experts, cfg.routed_scaling_factor, cfg.rope_factor, cfg.beta_fast) == (16, 2.827, 32, 1)
-  assert cfg.ici_expert_parallelism == 8, "the layout stays the recipe's"
+  assert (cfg.ici_expert_parallelism, cfg.ici_fsdp_parallelism) == (2, 4), "the layout stays the recipe's"
   bad = tmp_path / "bad.yml"
   bad.write_text(model_yml.read_text() + "learning_rate: 0.1\n")
   with pytest.raises(UserError, match="sets learning_rate, which are not model keys"):

@@ -244,6 +244,7 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   layer and pass, the scanned layers' offloaded activations written to host memory and read back, Mosaic
   GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted) config."""
   args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=5"]
+  args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1"]  # the layout this test was written for
   args += ["first_num_dense_layers=1", "offload=activations", "moe_buffers=bounded"]
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
   r = subprocess.run(
@@ -396,6 +397,7 @@ def test_fp8_container_program_compiles_with_tes_grouped_gemm_and_nccl_ep(tmp_pa
   dispatch and combine custom calls and their backward, the handle answered by gpu_compile.nccl_ep), with no
   conditional (no bounded rounds); only cuDNN's attention stands in."""
   args = ["compile", recipe, "override_model_config=true", "base_num_decoder_layers=3", "first_num_dense_layers=1"]
+  args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1", "remat_policy=full"]  # as written for
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024"]
   args += [f"moe_gemm_quantization={quantization}", "--json"]
   r = subprocess.run(

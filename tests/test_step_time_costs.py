@@ -143,6 +143,7 @@ def test_the_ten_published_points_and_their_order():
       assert f"point {r['point'].split()[0]}:" in reasons, r["point"]
 
 
+@pytest.mark.ci
 def test_plan_time_reads_a_runs_imbalance(tmp_path):
   """A short CPU train writes moe_load.jsonl; `plan --time --run` at the GPU recipe of the same model (the
   proxy recipe with the tiny model: 16 experts over EP 8) prints the imbalance it measured there."""
@@ -155,6 +156,7 @@ def test_plan_time_reads_a_runs_imbalance(tmp_path):
   ranks = load.reshape(*load.shape[:2], 8, 2).sum(-1)  # EP 8: experts 2r, 2r+1 on rank r
   want = float((ranks.max(-1) / ranks.mean(-1)).mean())
   plan = ["plan", "h200x8/deepseek3-proxy-16b", "--time", "--json", "model_name=deepseek3-tiny"]
+  plan += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1"]
   with_run, without = run_cli([*plan, "--run", str(run)], cwd=tmp_path), run_cli(plan, cwd=tmp_path)
   assert with_run.returncode in (0, 1) and without.returncode in (0, 1), with_run.stderr[-2000:]
   timed = json.loads(with_run.stdout.strip().splitlines()[-1])["time"]
