@@ -168,7 +168,7 @@ def test_plan_time_reads_a_runs_imbalance(tmp_path):
   # bad input: one line, exit 2
   for args, says in [
     ([*plan[:3], "--run", str(run)], None),  # the proxy's own 64 experts: another model
-    ([*plan, "--run", str(tmp_path / "nowhere")], "no such run directory"),
+    ([*plan, "--run", str(tmp_path / "nowhere")], "not a directory"),
     ([*plan, "--run", str(tmp_path)], "no moe_load.jsonl"),
     (["plan", "h200x8/deepseek3-proxy-16b", "--run", str(run)], "pass --time with it"),
   ]:

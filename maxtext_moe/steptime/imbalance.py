@@ -58,12 +58,14 @@ def from_run(run_dir: Path, ep: int, num_experts: int) -> Imbalance:
   routing bias settles first); one line of UserError when the run has no load or a different expert count."""
   path = Path(run_dir) / LOAD
   if not Path(run_dir).is_dir():
-    raise UserError(f"--run {run_dir}: no such run directory (a maxtext-moe train run's RUN_DIR)")
-  layers = read_layers(path)
-  if layers is None:
+    raise UserError(f"--run {run_dir}: not a directory (give a maxtext-moe train run's RUN_DIR)")
+  if not path.is_file():
     raise UserError(
       f"--run {run_dir}: no {LOAD} (train writes it every moe_load_every steps; run with moe_load_every=N > 0)"
     )
+  layers = read_layers(path)
+  if layers is None:
+    raise UserError(f"--run {run_dir}: {LOAD} holds no complete row yet (let the run reach moe_load_every steps)")
   steps, load, _ = layers
   if load.shape[-1] != num_experts:
     raise UserError(
