@@ -175,3 +175,29 @@ def test_plan_time_reads_a_runs_imbalance(tmp_path):
     bad = run_cli(args, cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-2000:]
     assert (says or "routed 16 experts, the recipe has 64") in bad.stderr
+
+
+def test_a_group_never_spans_more_domains_than_it_has_gpus():
+  """NCCL's latency never counts more network steps than ring steps (a 16-GPU group over '32' domains was
+  once priced with a negative NVLink term)."""
+  assert collective_latency_s("reduce-scatter", 16, 32) == pytest.approx(collective_latency_s("reduce-scatter", 16, 16))
+  assert collective_latency_s("reduce-scatter", 16, 16) == pytest.approx((8.4 + 15 * 14.0) * 1e-6)
+
+
+def test_only_the_expert_exchange_is_hidden_by_the_shared_experts_and_stretched_by_imbalance():
+  gpu = GPUS["h100"]
+  tp = st.Transfer("tp", "all-gather", 1e10, 2, 1, False, 1)
+  ep = st.Transfer("ep", "all-to-all", 1e10, 8, 1, False, 1)
+  kw = {"flops": {"dense": 1e14, "grouped": 1e14}, "transfers": [tp, ep], "hideable_flops": 1e18}
+  p = st.predict(_workload(**kw, imbalance=2.0), gpu)
+  exposed = dict(p.exposed)
+  assert exposed["ep"] == 0.0  # hidden whole by the (huge) shared experts
+  assert exposed["tp"] == pytest.approx(st.transfer_seconds(tp, gpu) + collective_latency_s("all-gather", 2, 1))
+  grouped = next(v for k, v in p.parts.items() if k.startswith("grouped GEMMs"))
+  assert exposed["routing imbalance (busiest EP rank 2.00x the mean)"] == pytest.approx(grouped)
+
+
+def test_a_load_file_of_another_shape_is_one_line(tmp_path):
+  (tmp_path / "moe_load.jsonl").write_text('{"step": 1, "loads": []}\n')
+  with pytest.raises(Exception, match="is not a maxtext-moe load file"):
+    imbalance.from_run(tmp_path, 2, 16)

@@ -89,7 +89,8 @@ def _params(leaves: list) -> tuple[float, float]:
 def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layers: int, moe_layers: int) -> list:
   emb = int(cfg.emb_dim)
   per_domain = gpu.nvlink_domain
-  span = lambda group, stride=1: max(1, -(-group * stride // per_domain))  # noqa: E731 - NVLink domains a group spans
+  # NVLink domains a group of `group` GPUs spaced `stride` apart spans (never more than its GPUs)
+  span = lambda group, stride=1: min(group, max(1, -(-group * stride // per_domain)))  # noqa: E731
   experts, k = int(cfg.num_experts), int(cfg.num_experts_per_tok)
   rows = tokens * unique_ranks(experts, k, lay.ep)
   domains = span(lay.ep, lay.tp)
@@ -101,7 +102,7 @@ def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layer
   dense_p, expert_p = _params(leaves)
   stage_dense, stage_expert = dense_p / (lay.pp * lay.tp), expert_p / (lay.pp * lay.ep)
   edp = lay.gpus // (lay.pp * lay.ep)
-  dp_span = span(lay.dp, lay.tp * lay.pp)
+  dp_span = span(lay.dp, lay.tp)  # Megatron's rank order tp-cp-ep-dp-pp: data-parallel peers tp apart
   if lay.fsdp:
     out.append(Transfer(f"FSDP parameter all-gathers x{lay.dp} (bf16)", "all-gather", 2 * stage_dense * 2, lay.dp,
                         dp_span, True, 2 * layers / lay.pp))  # fmt: skip
@@ -116,13 +117,13 @@ def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layer
                         span(edp, lay.ep * lay.pp), True))  # fmt: skip
   if lay.tp > 1:  # sequence parallel: 2 gathers and 2 reduce-scatters per layer, forward and backward
     act = tokens * lay.tp * emb * 2 * layers  # the tp group's tokens through every layer this GPU holds, x pp / pp
-    out.append(Transfer(f"TP all-gathers x{lay.tp}", "all-gather", 4 * act, lay.tp, 1, False, 4 * layers / lay.pp))
-    out.append(
-      Transfer(f"TP reduce-scatters x{lay.tp}", "reduce-scatter", 4 * act, lay.tp, 1, False, 4 * layers / lay.pp)
-    )
+    launches = 4 * layers / lay.pp * lay.microbatches
+    out.append(Transfer(f"TP all-gathers x{lay.tp}", "all-gather", 4 * act, lay.tp, 1, False, launches))
+    out.append(Transfer(f"TP reduce-scatters x{lay.tp}", "reduce-scatter", 4 * act, lay.tp, 1, False, launches))
   if lay.pp > 1:
     per_micro = lay.mbs * lay.seq * emb * 2 / lay.tp
-    out.append(Transfer("pipeline sends", "p2p", 2 * lay.vpp * lay.microbatches * per_micro, 2, 2, True))
+    sends = 2 * lay.vpp * lay.microbatches
+    out.append(Transfer("pipeline sends", "p2p", sends * per_micro, 2, 2, True, sends))
   return out
 
 

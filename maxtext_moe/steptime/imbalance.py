@@ -63,7 +63,10 @@ def from_run(run_dir: Path, ep: int, num_experts: int) -> Imbalance:
     raise UserError(
       f"--run {run_dir}: no {LOAD} (train writes it every moe_load_every steps; run with moe_load_every=N > 0)"
     )
-  layers = read_layers(path)
+  try:
+    layers = read_layers(path)
+  except (KeyError, TypeError, ValueError) as e:  # a row without "load", or layers of different sizes
+    raise UserError(f"--run {run_dir}: {LOAD} is not a maxtext-moe load file ({type(e).__name__}: {e})") from e
   if layers is None:
     raise UserError(f"--run {run_dir}: {LOAD} holds no complete row yet (let the run reach moe_load_every steps)")
   steps, load, _ = layers

@@ -21,5 +21,5 @@ def collective_latency_s(kind: str, group: int, domains: int) -> float:
   if kind in ("all-to-all", "p2p"):
     return base + (net if crossing else nvlink)
   passes = 2 if kind == "all-reduce" else 1
-  steps, inter = passes * (group - 1), passes * crossing
+  steps, inter = passes * (group - 1), passes * min(crossing, group - 1)
   return base + (steps - inter) * nvlink + inter * net

@@ -184,15 +184,16 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   parts, dense_rate = _compute(w, gpu)
   compute = sum(parts.values())
   exposed, streams = _transfers(w, gpu, parts)
-  ep_total = sum(exposed.values())
-  if ep_total > 0:  # the shared experts hide part of the exchange, in proportion
+  exchange = {t.name for t in w.transfers if t.kind == "all-to-all" and not t.overlappable}
+  ep_total = sum(v for k, v in exposed.items() if k in exchange)
+  if ep_total > 0:  # the shared experts hide part of the expert exchange, in proportion
     hidden = min(w.hideable_flops / dense_rate, ep_total)
-    exposed = {k: v * (1 - hidden / ep_total) for k, v in exposed.items()}
+    exposed = {k: v * (1 - hidden / ep_total) if k in exchange else v for k, v in exposed.items()}
   if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank
     grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
     name = f"routing imbalance (busiest EP rank {w.imbalance:.2f}x the mean)"
     if w.imbalance > 1.0:
-      exposed[name] = (w.imbalance - 1.0) * (grouped + sum(exposed.values()))
+      exposed[name] = (w.imbalance - 1.0) * (grouped + sum(v for k, v in exposed.items() if k in exchange))
     else:  # shown, not ranked among the exposed costs
       parts[name] = 0.0
   for stream, seconds in streams.items():

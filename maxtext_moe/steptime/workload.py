@@ -175,11 +175,12 @@ def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], flo
     kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": experts}
     rows = received_rows(kind, step.tokens, k, **kw)
     if runs_in_rounds(kind, cfg.moe_buffers):
-      syncs = step.moe_layers * (3 if step.full or step.moe_rerun else 2)
+      syncs = step.moe_layers * (3 if step.full or step.moe_rerun else 2) * int(cfg.gradient_accumulation_steps)
   passes = (6 if step.full or step.moe_rerun else 4) * step.moe_layers  # dispatch + combine per pass
   nbytes = rows * int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
   name = f"expert dispatch/combine ({kind.value}) x{ep}"
-  return [Transfer(name, "all-to-all", nbytes, ep, ep_dcn, False, passes)], rows / step.tokens, syncs, kind.value
+  launches = passes * int(cfg.gradient_accumulation_steps)  # per micro-batch; the bytes count every token already
+  return [Transfer(name, "all-to-all", nbytes, ep, ep_dcn, False, launches)], rows / step.tokens, syncs, kind.value
 
 
 def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Transfer]:
