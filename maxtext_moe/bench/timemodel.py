@@ -70,7 +70,7 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.steptime.imbalance import Imbalance  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
 
@@ -90,9 +90,9 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
         continue
       name = label + (", optimizer+params on host" if offload else "")
       p = predict_config(ctx, cfg, name)
-      skewed = predict_config(ctx, cfg, name, imbalance=Imbalance(imbalance, "our CPU runs (CPU_RUN_IMBALANCE)"))
+      skewed = predict(dataclasses.replace(p.workload, imbalance=imbalance), p.gpu)  # the same work, skewed
       row = {
-        "layout": label + (", optimizer+params on host" if offload else ""),
+        "layout": name,
         "overrides": [*overrides, *offload],
         "device_gib": round(est.device_total / 2**30, 1),
         "tflops_per_gpu_at_cpu_imbalance": round(skewed.tflops_per_gpu, 1),

@@ -35,14 +35,10 @@ from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
 from maxtext_moe.steptime import gemm, launch
-from maxtext_moe.steptime.constants import CONSTANTS, HOST_LINK_GBS, constant, host_link_gbs  # noqa: F401
+from maxtext_moe.steptime.constants import constant, host_link_gbs
 from maxtext_moe.steptime.latency import collective_latency_s
 
 Shape = tuple[int, int, int, float]  # one GEMM: M, N, K and its share of its class's FLOPs
-
-
-def _arch(gpu: GpuModel) -> str:
-  return gemm.arch(gpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +138,7 @@ def transfer_seconds(t: Transfer, gpu: GpuModel) -> float:
 def _compute(w: Workload, gpu: GpuModel) -> tuple[dict[str, float], float]:
   """({line: seconds} of the compute, the dense GEMMs' rate in FLOP/s): GEMMs at their shapes' efficiency,
   attention's forward and backward each at its own."""
-  arch = _arch(gpu)
+  arch = gemm.arch(gpu)
   parts: dict[str, float] = {}
   dense_rate = 0.0
   for cls, flops in w.flops.items():

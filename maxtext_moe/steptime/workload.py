@@ -92,7 +92,8 @@ def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[i
 class _Step:
   """What the parts of one GPU's step share."""
 
-  tokens: int
+  rows: int  # tokens per GPU and micro-batch
+  microbatches: int  # gradient_accumulation_steps
   layers: int
   moe_layers: int
   full: bool  # remat_policy full: the whole forward again
@@ -100,9 +101,19 @@ class _Step:
   sides: dict[str, tuple[int, int]]
   rules: list
 
+  @property
+  def tokens(self) -> int:
+    """Tokens per GPU and step."""
+    return self.rows * self.microbatches
+
+  @property
+  def passes(self) -> int:
+    """Passes over the layers: forward, backward (2x), and the recomputed forward under full remat."""
+    return 4 if self.full else 3
+
 
 def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
-  tokens = int(float(cfg.per_device_batch_size) * int(cfg.max_target_length)) * int(cfg.gradient_accumulation_steps)
+  rows = int(float(cfg.per_device_batch_size) * int(cfg.max_target_length))
   dense_layers, moe_layers = saved_activations.layer_counts(cfg)
   layers = dense_layers + moe_layers
   full = str(cfg.remat_policy) == "full"
@@ -113,12 +124,14 @@ def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   none_kept = none_kept or experts_recomputed(cfg, dispatch)
   rerun = str(cfg.remat_policy) == "custom" and moe_layers > 0 and none_kept
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
-  return _Step(tokens, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)
+  micro = int(cfg.gradient_accumulation_steps)
+  return _Step(rows, micro, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)
 
 
-def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, str]:
-  """({class: FLOPs with recompute}, MaxText's TFLOPs, the shared experts' TFLOPs, how the recompute was
-  counted)."""
+def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float, str]:
+  """({class: FLOPs with recompute}, MaxText's TFLOPs, the shared experts' TFLOPs, attention's forward FLOPs
+  (every run of it: all but the backward, which MaxText counts as two thirds of its attention), how the
+  recompute was counted)."""
   from maxtext_moe.upstream.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
 
   total, weights, attention = train_tflops_per_device(cfg)
@@ -135,7 +148,8 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, str]:
     model["head"] = min(6 * step.tokens * int(cfg.emb_dim) * per_token / 1e12, model["dense"])
     model["dense"] -= model["head"]
   flops = {cls: (tf * scale + recompute.get(cls, 0.0)) * 1e12 for cls, tf in model.items()}
-  return flops, total, shared, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
+  attention_fwd = flops["attention"] - 2 / 3 * attention * 1e12
+  return flops, total, shared, attention_fwd, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 
 
 def _fsdp_transfers(cfg: Any, leaves: list, step: _Step) -> list[Transfer]:
@@ -175,11 +189,11 @@ def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], flo
     kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": experts}
     rows = received_rows(kind, step.tokens, k, **kw)
     if runs_in_rounds(kind, cfg.moe_buffers):
-      syncs = step.moe_layers * (3 if step.full or step.moe_rerun else 2) * int(cfg.gradient_accumulation_steps)
+      syncs = step.moe_layers * (3 if step.full or step.moe_rerun else 2) * step.microbatches
   passes = (6 if step.full or step.moe_rerun else 4) * step.moe_layers  # dispatch + combine per pass
   nbytes = rows * int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
   name = f"expert dispatch/combine ({kind.value}) x{ep}"
-  launches = passes * int(cfg.gradient_accumulation_steps)  # per micro-batch; the bytes count every token already
+  launches = passes * step.microbatches  # per micro-batch; the bytes count every token already
   return [Transfer(name, "all-to-all", nbytes, ep, ep_dcn, False, launches)], rows / step.tokens, syncs, kind.value
 
 
@@ -201,16 +215,6 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
   return out
 
 
-def _attention_forward(cfg: Any, step: _Step) -> float:
-  """The forward's FLOPs of attention per step (MaxText counts training attention as 3 forwards), run again
-  under full remat or when the policy recomputes `context`."""
-  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=C0415
-
-  forward = train_tflops_per_device(cfg)[2] / 3
-  again = step.full or (str(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "context", "device")) == "remat")
-  return forward * (2 if again else 1) * 1e12
-
-
 def _kernels(cfg: Any, step: _Step) -> tuple[float, float]:
   """(outside, inside) command buffers: the kernels launched per step (`launch.py`)."""
   from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
@@ -218,13 +222,11 @@ def _kernels(cfg: Any, step: _Step) -> tuple[float, float]:
   fmts = formats(cfg)
   types = launch.xla_command_types(flags.for_config(cfg, keep_process_flags=False).xla_flags)
   te_gemms = maxtext_te_block(cfg) or str(cfg.quantization).startswith("te")
-  passes = 4 if step.full else 3  # forward, backward (2x), the recomputed forward
-  microbatches = int(cfg.gradient_accumulation_steps)
   out = inside = 0.0
   for moe, count in ((True, step.moe_layers), (False, step.layers - step.moe_layers)):
     o, i = launch.xla_split(launch.kernels_per_layer(cfg, fmts, moe=moe), types, te_gemms)
-    out += o * count * passes * microbatches
-    inside += i * count * passes * microbatches
+    out += o * count * step.passes * step.microbatches
+    inside += i * count * step.passes * step.microbatches
   return out, inside
 
 
@@ -233,12 +235,11 @@ def workload(
 ) -> Workload:
   """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`."""
   step = _step(cfg, num_devices, dispatch)
-  flops, total, shared, recompute_note = _flops(cfg, step)
+  flops, total, shared, attention_fwd, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
   transfers = _fsdp_transfers(cfg, leaves, step) + exchange + _host_transfers(cfg, leaves, step, kind)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
-  passes = 4 if step.full else 3  # forward, backward (2x), the recomputed forward
-  memory = passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * (step.layers - step.moe_layers))
+  memory = step.passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * (step.layers - step.moe_layers))
   return Workload(
     label=label,
     tokens=step.tokens,
@@ -249,13 +250,8 @@ def workload(
     transfers=transfers,
     hideable_flops=shared * (4 / 3 if step.full else 1) * 1e12,
     host_syncs=host_syncs,
-    attention_fwd_flops=_attention_forward(cfg, step),
-    gemm_shapes=gemm_shapes(
-      cfg,
-      int(float(cfg.per_device_batch_size) * int(cfg.max_target_length)),
-      step.layers - step.moe_layers,
-      step.moe_layers,
-    ),
+    attention_fwd_flops=attention_fwd,
+    gemm_shapes=gemm_shapes(cfg, step.rows, step.layers - step.moe_layers, step.moe_layers),
     kernels=_kernels(cfg, step),
     imbalance=imbalance.factor if step.moe_layers else 1.0,
     sources={
