@@ -142,6 +142,10 @@ CASES = [
   ("plan_time_cpu_recipe", ["plan", "cpu/deepseek3-tiny", "--time"], "this recipe runs on CPU"),
   ("plan_compiled_not_a_report", ["plan", H200, "--time", "--compiled", "{tmp}"], "not a compile report"),
   ("plan_compiled_without_time", ["plan", H200, "--compiled", "{tmp}"], "pass --time with it"),
+  # compile --hlo DIR: asked about before the compile's minutes (XLA only logs a dump it cannot write)
+  ("compile_hlo_is_a_file", ["compile", H200, "--hlo", "{tmp}/plainfile"], "plainfile is a file, not a directory"),
+  ("compile_hlo_under_a_file", ["compile", H200, "--hlo", "{tmp}/plainfile/hlo"], "plainfile is a file, so"),
+  ("compile_hlo_unwritable", ["compile", H200, "--hlo", "/proc/hlo"], "--hlo /proc/hlo: /proc is not writable"),
   ("bench_te_here", ["bench", "moe", "--backends", "te"], "bench moe --backends te needs Transformer Engine on a GPU"),
   (
     "k8s_wrong_nodes",

@@ -118,6 +118,20 @@ def test_the_peak_live_set_is_the_devices_on_a_worked_example(tmp_path):
   assert [name for name, _, _ in peak["values"]] == ["b{}", "a{}", "t{}"]
 
 
+def test_a_dump_without_the_train_step_is_one_line(tmp_path):
+  """XLA only logs a dump it cannot write: the peak's reader says what is missing instead of StopIteration."""
+  from maxtext_moe.errors import UserError
+  from maxtext_moe.gpu_compile.peak import peak_live_set
+
+  (tmp_path / "m.jit_other.after_optimizations-buffer-assignment.txt").write_text("")
+  with pytest.raises(UserError) as e:
+    peak_live_set(tmp_path)
+  assert str(e.value) == (
+    f"XLA wrote no buffer-assignment of the train step into {tmp_path} (it only logs a dump it cannot write): "
+    "give --hlo a writable directory with free space and run it again"
+  )
+
+
 def test_hlo_reader_counts_per_step_on_a_worked_example():
   """A while loop of 4 known trips holding an all-to-all, a conditional, a scanned activation written to
   and read back from a host buffer (as XLA:GPU offloads one) and TE's NCCL EP dispatch in an async call (as

@@ -18,12 +18,22 @@ def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
   recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError("compile needs a GPU RECIPE (see 'maxtext-moe recipes')")
+  _check_hlo_dir(ns.hlo)
   if not ns.verbose:  # XLA's and tokamax's notes about autotuning that cannot happen without a GPU
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     logging.getLogger("absl").setLevel(logging.ERROR)
   report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=Path(ns.hlo) if ns.hlo else None)
   print(json.dumps(report) if ns.json else format_report(report), file=out)
   return 0 if report["fits"] else 1
+
+
+def _check_hlo_dir(hlo: str | None) -> None:
+  """--hlo DIR asked about before anything is compiled (XLA would only log that it cannot dump there, and
+  the compile's minutes would end without the dump): a directory, or one that can be created, writable."""
+  from maxtext_moe.config.paths import unwritable_reason  # pylint: disable=import-outside-toplevel
+
+  if hlo is not None and (why := unwritable_reason(hlo)):
+    raise UserError(f"--hlo {hlo}: {why}; give --hlo a directory to write into (created if missing)")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

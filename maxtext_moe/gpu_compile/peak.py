@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from maxtext_moe.errors import UserError
+
 _ALLOCATION = re.compile(r"allocation (\d+): size (\d+),(.*)")
 _VALUE = re.compile(r"value: <\d+ ([^ ]+) @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
 _RANGE = re.compile(r"\s+(\S+\{[^}]*\}):(\d+)-(\d+)")
@@ -48,10 +50,20 @@ def _covered(spans: list[tuple[int, int]]) -> int:
   return total
 
 
+def _dumped(dump_dir: Path, kind: str) -> Path:
+  """XLA's dump of the optimized train step's `kind`, or one line: XLA only logs a dump it cannot write."""
+  found = sorted(dump_dir.glob(f"*jit_train_step*after_optimizations-{kind}.txt"))
+  if not found:
+    raise UserError(
+      f"XLA wrote no {kind} of the train step into {dump_dir} (it only logs a dump it cannot write): "
+      "give --hlo a writable directory with free space and run it again"
+    )
+  return found[0]
+
+
 def peak_live_set(dump_dir: Path, *, top: int = 25) -> dict[str, Any]:
   """{"peak_bytes", "position", "values": [(name, shape, bytes)] largest first} of the train step's dump."""
-  ba = next(dump_dir.glob("*jit_train_step*after_optimizations-buffer-assignment.txt"))
-  lr = next(dump_dir.glob("*jit_train_step*after_optimizations-live-range.txt"))
+  ba, lr = (_dumped(dump_dir, kind) for kind in ("buffer-assignment", "live-range"))
   ranges = _ranges(lr.read_text())
   values = [(v, ranges[v[0]]) for v in _temp_values(ba.read_text()) if v[0] in ranges]
   events: dict[int, list[tuple[bool, int]]] = collections.defaultdict(list)
