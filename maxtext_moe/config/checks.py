@@ -137,15 +137,16 @@ def check_block_supports_model(cfg: Any) -> None:
 
 
 def check_no_pipeline_for_moe(cfg: Any) -> None:
-  """MaxText's pipeline parallelism does not compile an MoE model here (found on 4 CPU devices, with our block
-  and with MaxText's own): it keeps only parameters and RNG state per layer, and the MoE layers record state of
-  their own (our block: each layer's expert load, which the bias update and moe_load.jsonl read)."""
+  """MaxText's pipeline stages with MoE layers: the seam runs them (upstream/pipeline.py: the routing bias
+  among a stage's weights, the expert loads folded from the pipeline's iterations, one bias update per
+  step), but their losses have not yet been checked against a run without stages, and a checkpoint
+  written without stages (every converted one) has another parameter tree: refused until both are."""
   stages = int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
   if stages > 1 and int(cfg.num_experts) > 1:
     raise ValueError(
-      f"MaxText's pipeline parallelism ({stages} stages) does not run MoE layers yet (it keeps only parameters "
-      "and RNG state per layer; the MoE layers record their expert load): split across nodes with FSDP or "
-      "data instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
+      f"MaxText's pipeline parallelism ({stages} stages) does not run MoE layers yet (not checked against "
+      "training without stages, and checkpoints without stages do not load into it): split across nodes with "
+      "FSDP or data instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
     )
 
 

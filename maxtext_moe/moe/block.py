@@ -80,9 +80,9 @@ def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
   return jnp.bincount(ids_TK.reshape(-1), length=num_experts).astype(jnp.float32)
 
 
-def _token_axes(mesh: Mesh, num_tokens: int) -> tuple[str, ...]:
-  """Mesh axes of size > 1, over which tokens are split evenly."""
-  token_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1)
+def _token_axes(mesh: Mesh, num_tokens: int, vmapped: tuple[str, ...] = ()) -> tuple[str, ...]:
+  """Mesh axes of size > 1, over which tokens are split evenly (less those a surrounding vmap maps)."""
+  token_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1 and a not in vmapped)
   n_shards = math.prod(mesh.shape[a] for a in token_axes)
   if num_tokens % n_shards:
     raise ValueError(f"MoE block: {num_tokens} tokens do not split evenly over {n_shards} devices")
@@ -98,16 +98,28 @@ def _resolved(settings: MoESettings, *, top_k: int, ep: int) -> MoESettings:
 
 
 def moe_block(
-  x_TD, ids_TK, weights_TK, w0_EDF, w1_EDF, wo_EFD, *, mesh: Mesh, expert_axis: str | None, settings: MoESettings
+  x_TD,
+  ids_TK,
+  weights_TK,
+  w0_EDF,
+  w1_EDF,
+  wo_EFD,
+  *,
+  mesh: Mesh,
+  expert_axis: str | None,
+  settings: MoESettings,
+  vmapped_axes: tuple[str, ...] = (),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Runs the routed experts on every device of `mesh`. Returns (y_TD, stats) with stats summed over
   devices: the dispatcher's (`stats.DispatchStats`) and `load`, the [E] assignments per expert.
 
   Tokens are split over all mesh axes of size > 1 (T must divide evenly); expert weights are split over
-  `expert_axis` (size EP) and replicated over the rest.
+  `expert_axis` (size EP) and replicated over the rest. `vmapped_axes`: mesh axes a surrounding `vmap` maps
+  its batch onto (`spmd_axis_name`: MaxText's pipeline runs one stage per slice of `stage`); each slice's
+  tokens are split over the other axes, and shard_map maps the vmapped dimension onto these itself.
   """
   num_experts = w0_EDF.shape[0]
-  token_axes = _token_axes(mesh, x_TD.shape[0])
+  token_axes = _token_axes(mesh, x_TD.shape[0], vmapped_axes)
   spec = DispatchSpec(
     _resolved(settings, top_k=ids_TK.shape[1], ep=mesh.shape[expert_axis] if expert_axis else 1),
     num_experts,

@@ -25,7 +25,7 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mesh, mla_norm, moe_layer, orbax, weights_load
+from maxtext_moe.upstream import mesh, mla_norm, moe_layer, orbax, pipeline, weights_load
 from maxtext_moe.upstream.patches import Patch, installed
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
@@ -53,7 +53,7 @@ def model_patches() -> list[Patch]:
   """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon, the mesh of
   CPU processes as nodes, a weights-only load that reads our training checkpoints and starts the FP8
   scaling state fresh."""
-  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches(), *weights_load.patches()]
+  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches(), *weights_load.patches(), *pipeline.patches()]
 
 
 def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:

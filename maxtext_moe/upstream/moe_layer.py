@@ -32,7 +32,7 @@ from maxtext_moe.moe.settings import (
   resolve_dispatch,
 )
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream import pipeline, te
 from maxtext_moe.upstream.patches import Patch, original
 
 
@@ -125,7 +125,7 @@ def _bias_updates(layer: Any, top_k_indices):
   cfg = layer.config
   if not layer.should_update_load_balance():
     return None
-  if getattr(cfg, "gradient_accumulation_steps", 1) > 1:
+  if getattr(cfg, "gradient_accumulation_steps", 1) > 1 or pipeline.vmapped_axes(cfg):  # summed before the sign
     return mt_moe.calculate_expert_counts(top_k_indices, cfg.num_experts, axis_names=None)
   return mt_moe.calculate_load_balance_updates(
     top_k_indices, cfg.num_experts, cfg.routed_bias_update_rate, axis_names=None
@@ -175,6 +175,7 @@ def dropless_sparse_matmul(
     mesh=self.mesh,
     expert_axis=mesh_axes.EXPERT if ep > 1 else None,
     settings=settings_from_config(self.config),
+    vmapped_axes=pipeline.vmapped_axes(self.config),
   )
   stats[BIAS] = _bias_magnitude(self)
   for name, value in stats.items():

@@ -33,7 +33,7 @@ from maxtext.utils import max_utils, maxtext_utils, train_utils
 
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream import moe_layer, recovery
+from maxtext_moe.upstream import moe_layer, pipeline, recovery
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Method, Patch, installed, original
@@ -77,6 +77,7 @@ class TrainerPatches:
     return [
       Patch(pyconfig, "initialize", self.initialize),
       Patch(train, "loss_fn", self.loss_fn),
+      *pipeline.trainer_patches(),
       Patch(train, "warmup_programs", self.warmup_programs),
       Patch(metric_logger.MetricLogger, "__init__", Method(self.logger_init)),
       Patch(metric_logger.MetricLogger, "write_metrics", Method(self.write_metrics)),
@@ -112,6 +113,7 @@ class TrainerPatches:
     loss, aux = original(train, "loss_fn")(
       model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train
     )
+    aux = pipeline.fold_aux(aux, self.config)
     if is_train and self.config.fault_nan_loss_steps:
       poison = io_callback(self.poison, jax.ShapeDtypeStruct((), jnp.float32), ordered=False)
       loss = loss * (1 + poison.astype(loss.dtype))  # NaN in the loss and, through it, in every gradient

@@ -1,0 +1,154 @@
+"""Groundwork for MaxText's pipeline stages with MoE layers: which iterations are the bubble's (checked
+against MaxText's own schedule), folding per-iteration records into layers, the biases of all MoE layers
+as one, and the block under the stages' vmap on 8 fake CPU devices."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from maxtext.layers import pipeline as mt_pipeline
+
+from maxtext_moe.moe.block import moe_block
+from maxtext_moe.moe.settings import DispatchKind, MoESettings
+from maxtext_moe.upstream import pipeline
+
+SCHEDULES = [(2, 2, 1, 1), (2, 4, 1, 1), (4, 4, 1, 1), (2, 2, 3, 1), (4, 8, 2, 1), (2, 4, 1, 2), (3, 6, 2, 2)]
+
+
+@pytest.mark.parametrize("stages,micro,repeats,delay", SCHEDULES)
+def test_slots_follow_maxtexts_schedule(stages, micro, repeats, delay):
+  """Each real (repeat, stage) slot gets its M microbatches, at the repeat MaxText's pipeline itself
+  computes for that iteration and stage; everything else is the bubble."""
+  s = pipeline.Schedule(stages, micro, repeats, delay)
+  mesh = Mesh(np.array(jax.devices()[:1]), ("stage",))
+  fake = types.SimpleNamespace(
+    forwarding_delay=delay,
+    num_stages=stages,
+    mesh=mesh,
+    config=types.SimpleNamespace(num_pipeline_microbatches=micro),
+    _maybe_shard_with_name=lambda x, _sharding: x,
+  )
+  slots = s.slots()
+  assert slots.shape == (micro * repeats + delay * (stages - 1), stages)
+  for t in range(slots.shape[0]):
+    _, repeat_ids = mt_pipeline.PipelineBase.get_microbatch_and_repeat_ids(fake, t)
+    real = slots[t] < repeats * stages
+    np.testing.assert_array_equal(slots[t][real], np.asarray(repeat_ids)[real] * stages + np.arange(stages)[real])
+  counts = np.bincount(slots.reshape(-1), minlength=repeats * stages + 1)
+  assert list(counts[:-1]) == [micro] * (repeats * stages)
+  assert counts[-1] == slots.size - micro * repeats * stages  # the bubble
+
+
+def test_fold_sums_real_iterations_and_drops_the_bubble():
+  s = pipeline.Schedule(2, 2, 1, 1)  # T=3: stage 1 idles at t=0, stage 0 at t=2
+  rec = jnp.arange(3 * 2 * 4, dtype=jnp.int32).reshape(3, 2, 4)
+  want = np.stack([rec[0, 0] + rec[1, 0], rec[1, 1] + rec[2, 1]])
+  np.testing.assert_array_equal(pipeline.fold(rec, s), want)
+  np.testing.assert_array_equal(pipeline.fold(rec, s, largest=True), np.stack([rec[1, 0], rec[2, 1]]))
+  with pytest.raises(ValueError, match=r"expected a \[3, 2, \.\.\.\] record"):
+    pipeline.fold(rec[:2], s)
+
+
+def _cfg(**kw):
+  base = dict(
+    using_pipeline_parallelism=True,
+    ici_pipeline_parallelism=2,
+    dcn_pipeline_parallelism=1,
+    num_pipeline_microbatches=2,
+    num_pipeline_repeats=1,
+    pipeline_delay_activation_forwarding=False,
+    num_experts=4,
+    routed_bias=True,
+    routed_bias_update_rate=0.5,
+    gradient_accumulation_steps=1,
+  )
+  return types.SimpleNamespace(**(base | kw))
+
+
+def _aux(counts_TSE, outside_LE):
+  key = pipeline.BIAS_UPDATES
+  return {
+    "intermediate_outputs": {
+      "decoder": {
+        "pipeline_module": {"layers": {key: (counts_TSE,)}},
+        "moe_layers_outside_pipeline": {key: (outside_LE,)},
+      }
+    }
+  }
+
+
+@pytest.mark.parametrize("ga", [1, 4])
+def test_bias_update_from_the_steps_counts_outside_layers_first(ga):
+  """The pipelined layers' counts are summed over the step's real iterations before the one sign update
+  (a sign per microbatch, summed, is a different update); gradient accumulation gets the counts."""
+  counts = jnp.array(
+    [[[5, 1, 1, 1], [9, 9, 9, 9]], [[0, 6, 1, 1], [1, 1, 1, 5]], [[9, 9, 9, 9], [1, 1, 5, 1]]], jnp.int32
+  )
+  outside = jnp.array([[0.5, -0.5, 0.5, -0.5]], jnp.float32) if ga == 1 else jnp.array([[3, 1, 3, 1]], jnp.int32)
+  out = pipeline.fold_aux(_aux(counts, outside), _cfg(gradient_accumulation_steps=ga))
+  (signal,) = out["moe_bias_updates"]
+  step_counts = np.array([[5, 7, 2, 2], [2, 2, 6, 6]])  # stage 0: t=0,1; stage 1: t=1,2
+  if ga == 1:
+    want = np.concatenate([np.asarray(outside), 0.5 * np.sign(step_counts.mean(1, keepdims=True) - step_counts)])
+  else:
+    want = np.concatenate([np.asarray(outside), step_counts])
+  np.testing.assert_array_equal(np.asarray(signal), want)
+  folded = out["intermediate_outputs"]["decoder"]["pipeline_module"]["layers"][pipeline.BIAS_UPDATES][0]
+  np.testing.assert_array_equal(np.asarray(folded), step_counts)
+
+
+def test_without_stages_aux_is_untouched():
+  aux = _aux(jnp.zeros((3, 2, 4)), jnp.zeros((1, 4)))
+  assert pipeline.fold_aux(aux, _cfg(using_pipeline_parallelism=False)) is aux
+
+
+def test_bias_view_reads_and_writes_every_layer_in_order():
+  a = nnx.Variable(jnp.zeros((1, 4)))
+  b = nnx.Variable(jnp.ones((2, 1, 4)))
+  view = pipeline.BiasView([a, b])
+  np.testing.assert_array_equal(view.value, np.concatenate([np.zeros((1, 4)), np.ones((2, 4))]))
+  view.value = view.value + jnp.arange(3, dtype=jnp.float32)[:, None]
+  np.testing.assert_array_equal(a.get_value(), np.zeros((1, 4)))
+  np.testing.assert_array_equal(b.get_value(), np.array([[[2.0] * 4], [[3.0] * 4]]))
+
+
+def test_stage_axis_is_vmapped_inside_the_pipeline_only():
+  cfg = _cfg()
+  with nn.partitioning.axis_rules((("activation_batch", ("data", "fsdp")),)):
+    assert pipeline.vmapped_axes(cfg) == ("stage",)
+  with nn.partitioning.axis_rules((("activation_batch", ("stage", "data", "fsdp")),)):  # outside: PP acts as DP
+    assert pipeline.vmapped_axes(cfg) == ()
+  assert pipeline.vmapped_axes(_cfg(using_pipeline_parallelism=False)) == ()
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_block_under_the_stages_vmap_matches_each_stage_alone(ep):
+  """The block inside MaxText's stage vmap (spmd_axis_name='stage') on stage 2 x fsdp 2 x expert EP: each
+  stage's output equals the block run on that stage's tokens and weights alone."""
+  mesh = Mesh(np.array(jax.devices()[: 4 * ep]).reshape(2, 2, ep), ("stage", "fsdp", "expert"))
+  e, d, f, t, k = 4, 8, 12, 32, 2
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  x = jax.random.normal(keys[0], (2, t, d))
+  ids = jnp.argsort(jax.random.uniform(keys[1], (2, t, e)), axis=-1)[..., :k].astype(jnp.int32)
+  w = jax.nn.softmax(jax.random.normal(keys[2], (2, t, k)))
+  w0, w1 = (jax.random.normal(kk, (2, e, d, f)) / 4 for kk in jax.random.split(keys[3]))
+  wo = jax.random.normal(keys[4], (2, e, f, d)) / 4
+  settings = MoESettings(dispatch=DispatchKind.AUTO)
+  axis = "expert" if ep > 1 else None
+
+  def stage(*args):
+    return moe_block(*args, mesh=mesh, expert_axis=axis, settings=settings, vmapped_axes=("stage",))
+
+  with mesh:
+    y, stats = jax.jit(jax.vmap(stage, spmd_axis_name="stage"))(x, ids, w, w0, w1, wo)
+  sub = Mesh(np.array(jax.devices()[: 2 * ep]).reshape(2, ep), ("fsdp", "expert"))
+  for s in range(2):
+    want, want_stats = moe_block(x[s], ids[s], w[s], w0[s], w1[s], wo[s], mesh=sub, expert_axis=axis, settings=settings)
+    np.testing.assert_allclose(y[s], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(stats["load"][s], want_stats["load"])
