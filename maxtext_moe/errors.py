@@ -1,5 +1,9 @@
 """Errors the CLI turns into one line on stderr and an exit code (no traceback)."""
 
+# Standard output's reader stopped early (`| head`): the command ends quietly, with the status a shell reports
+# for a tool that SIGPIPE ended (128 + 13).
+EXIT_READER_GONE = 141
+
 # A run stopped by SIGTERM/SIGINT after saving a checkpoint: the same command resumes it. The launchers
 # requeue on it (scripts/slurm/train.sbatch; a JobSet restarts). EX_TEMPFAIL in sysexits.h.
 EXIT_RESUMABLE = 75

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -59,3 +60,39 @@ def test_bench_json_mode_prints_only_json_on_the_output_stream():
   out = io.StringIO()
   emit(Table("row"), {"ratio": 0.5}, as_json=True, out=out)
   assert json.loads(out.getvalue()) == {"ratio": 0.5}
+
+
+def _stopped_early(commands: list[list[str]], cwd) -> list[tuple[list[str], int, str]]:
+  """(command, exit code, standard error) of each command run with a reader that closed the pipe before the
+  command wrote (an output shorter than the pipe's buffer is written whole before a reader that stops after
+  one line closes it, so that would not break the pipe): the first write breaks it."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # --help waits in Python's buffer
+  procs = [
+    subprocess.Popen(  # pylint: disable=consider-using-with  # all at once, each waited for below
+      [sys.executable, "-m", "maxtext_moe", *args],
+      cwd=cwd,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for args in commands
+  ]
+  for p in procs:
+    p.stdout.close()
+  errs = [p.communicate(timeout=600)[1] for p in procs]
+  return [(args, p.returncode, err) for args, p, err in zip(commands, procs, errs, strict=True)]
+
+
+def test_a_reader_that_stops_early_ends_a_command_quietly(tmp_path):
+  """`maxtext-moe flags RECIPE | head -3` printed BrokenPipeError twice; a command ends as a Unix tool ends,
+  saying nothing, with 141 (what a shell reports for SIGPIPE). --help is written at the end, from Python's
+  own buffer."""
+  commands = [["flags", "cpu/deepseek3-tiny"], ["recipes"], ["--help"]]
+  assert _stopped_early(commands, tmp_path) == [(args, 141, "") for args in commands]
+
+
+@pytest.mark.ci
+def test_a_reader_that_stops_early_ends_plan_and_config_quietly(tmp_path):
+  commands = [["plan", "cpu/deepseek3-tiny", "--json"], ["config", "cpu/deepseek3-tiny"]]
+  assert _stopped_early(commands, tmp_path) == [(args, 141, "") for args in commands]

@@ -18,7 +18,9 @@
   maxtext-moe report RUN_DIR [--json]           a run's plots and summary, rebuilt from its files
 
 Each command's standard output carries only its output (`cli.output`). Bad input (unknown key or recipe,
-wrong type, impossible layout) prints one line on standard error and exits with 2.
+wrong type, impossible layout) prints one line on standard error and exits with 2. A reader of standard
+output that stops early (`maxtext-moe flags RECIPE | head -3`) ends a command as it ends a Unix tool:
+quietly, exit 141.
 """
 
 import argparse
@@ -30,8 +32,8 @@ import warnings
 
 from maxtext_moe import signals
 from maxtext_moe.cli import data_commands, gpu_commands, run_commands, tool_commands
-from maxtext_moe.cli.output import routed_stdout
-from maxtext_moe.errors import EXIT_NO_SPACE, EXIT_RESUMABLE, RunEnded, UserError, no_space
+from maxtext_moe.cli.output import ReaderGone, routed_stdout, to_devnull
+from maxtext_moe.errors import EXIT_NO_SPACE, EXIT_READER_GONE, EXIT_RESUMABLE, RunEnded, UserError, no_space
 from maxtext_moe.stderr import hide_closed_loop_reports, last_word
 
 
@@ -87,16 +89,32 @@ def _last_word(line: str, verbose: bool) -> None:
   last_word(line, verbose=verbose)
 
 
+def _flushed_stdout() -> bool:
+  """Flushes sys.stdout (argparse's --help waits in its buffer); False where its reader is gone, and then
+  fd 1 leads to /dev/null, so that Python's own flush at exit says nothing."""
+  try:
+    sys.stdout.flush()
+  except BrokenPipeError:
+    to_devnull(sys.stdout.fileno())
+    return False
+  return True
+
+
 def main(argv: list[str] | None = None) -> int:
   signals.install_early()
   try:
-    return _main(argv)
+    code = _main(argv)
+  except ReaderGone:  # the output's reader stopped early: quietly, as a Unix tool ends
+    return EXIT_READER_GONE
   except signals.StopBeforeStart as e:
     return _stopped_early(e.name)
-  except BaseException:
-    if signals.received() is None:
-      raise
-    return _stopped_early(signals.received())  # the stop's exception, converted on its way (an ImportError)
+  except BaseException as e:
+    if signals.received() is not None:
+      return _stopped_early(signals.received())  # the stop's exception, converted on its way (an ImportError)
+    if isinstance(e, SystemExit) and not _flushed_stdout():  # argparse's --help, whose reader stopped early
+      return EXIT_READER_GONE
+    raise
+  return code if _flushed_stdout() else EXIT_READER_GONE
 
 
 def _stopped_early(name: str) -> int:

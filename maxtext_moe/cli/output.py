@@ -4,11 +4,15 @@ While a command runs, file descriptor 1 and `sys.stdout` point at standard error
 prints (MaxText prints `[DECOUPLED NO-OP] ...` notices on import, in Python and possibly from C) lands
 there; the command writes its output to the stream `routed_stdout` yields, a duplicate of the real
 standard output. Without --verbose, MaxText's decoupled-mode notices are dropped altogether.
+
+A reader that stops early (`| head -3`) breaks the pipe: `routed_stdout` then sends the rest of the output
+to /dev/null and raises `ReaderGone`, which the CLI ends on quietly, as a Unix tool ends (exit 141).
 """
 
 import contextlib
 import io
 import os
+import select
 import sys
 from collections.abc import Iterator
 from typing import IO
@@ -43,9 +47,30 @@ class _Notices(io.TextIOBase):
     self._target.flush()
 
 
+class ReaderGone(Exception):
+  """The reader of standard output closed it before the command had written everything (`| head`)."""
+
+
+def _reader_gone(fd: int) -> bool:
+  """Whether `fd` is a pipe or socket whose reading end is closed (poll reports an error on it), so that a
+  BrokenPipeError was the output's own, not some other pipe's."""
+  poll = select.poll()
+  poll.register(fd, select.POLLOUT)
+  return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+
+
+def to_devnull(fd: int) -> None:
+  """What is still written to `fd` (a buffer flushed on the way out) goes to /dev/null."""
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, fd)
+  os.close(null)
+
+
 @contextlib.contextmanager
 def routed_stdout(*, verbose: bool) -> Iterator[IO[str]]:
-  """Yields the command's output stream; everything else written to stdout goes to stderr meanwhile."""
+  """Yields the command's output stream; everything else written to stdout goes to stderr meanwhile. Raises
+  ReaderGone where the output's reader stopped reading (the output's file descriptors then lead to
+  /dev/null)."""
   sys.stdout.flush()
   real_fd = os.dup(1)
   os.dup2(2, 1)
@@ -54,6 +79,12 @@ def routed_stdout(*, verbose: bool) -> Iterator[IO[str]]:
   sys.stdout = sys.stderr if verbose else _Notices(sys.stderr, _NOISE)
   try:
     yield out
+    out.flush()
+  except BrokenPipeError as e:
+    if not _reader_gone(real_fd):
+      raise
+    to_devnull(real_fd)
+    raise ReaderGone from e
   finally:
     sys.stdout.flush()
     sys.stdout = saved
