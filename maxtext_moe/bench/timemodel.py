@@ -3,11 +3,11 @@ GPUs (`steptime/points.py`: NVIDIA's MaxText + TE DeepSeek-V3 run and its scalin
 Megatron-Bridge, Megatron-LM and NeMo Automodel runs of DeepSeek-V3 and Qwen3-MoE, each modelled on its
 own layout by `steptime/external.py`), then used to find the fastest layout of our block on GB300.
 
-Every ratio is predicted / published; the target is 0.80-1.25, and a point outside carries a written
-reason in docs/step-time.md. No constant of the model is fitted to these. The layout search then ranks our
-block's layouts (EP x FSDP splits, micro-batch, the experts' remat: recomputed, gated outputs saved or
-offloaded, full remat; dense GEMMs in bf16 or FP8) on 128 and 1,024 GB300s by predicted TFLOP/s per GPU
-among those the planner says fit.
+Every ratio is predicted / published; the target is 0.80-1.25, and a point outside carries its reason
+(the JSON's "reason", printed under the table; in full in docs/step-time.md). No constant of the model is
+fitted to these. The layout search then ranks our block's layouts (EP x FSDP splits, micro-batch, the
+experts' remat: recomputed, gated outputs saved or offloaded, full remat; dense GEMMs in bf16 or FP8) on
+128 and 1,024 GB300s by predicted TFLOP/s per GPU among those the planner says fit.
 """
 
 import dataclasses
@@ -154,7 +154,8 @@ def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str
     f"Step-time model vs published MoE training (predicted / published; target {TARGET[0]:.2f}-{TARGET[1]:.2f}: "
     f"{inside} of {len(points)} within)"
   )
-  table = Table(title=title)
+  reasons = [f"point {r['point'].split()[0]}, outside the target: {r['reason']}" for r in points if r["reason"]]
+  table = Table(title=title, caption="\n".join(reasons), caption_justify="left")
   for col in ("point", "predicted", "published", "ratio", "three largest costs (s)"):
     table.add_column(col, justify="left" if col in ("point", "three largest costs (s)") else "right")
   for r in points:
