@@ -1,6 +1,7 @@
 """Every shipped YAML parses and resolves; recipes are consistent with their model files."""
 
 import math
+import shutil
 
 import pytest
 import yaml
@@ -147,3 +148,47 @@ def test_the_value_none_of_an_enum_key_that_has_it_is_that_member(upstream_confi
 
   cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["moe_gemm_quantization=none"])
   assert cfg.moe_gemm_quantization == GemmQuantization.NONE
+
+
+def test_a_recipe_path_in_another_copy_of_configs(tmp_path, monkeypatch, upstream_config):
+  """A second clone run with this package (its .venv linked to the first): a shipped recipe given by its
+  path in that clone's configs/ was refused as 'not layered on maxtext-moe's base', so its runs could not be
+  resumed, evaluated or exported from there. Where the files it is read from are the same as ours, it is our
+  recipe of the same path; where one differs, one line says which configs/ this package reads and how to
+  run the copy, and MAXTEXT_MOE_CONFIGS runs it. A file of the copy layered on ours is left as it is."""
+  from maxtext_moe.errors import UserError
+
+  copy = tmp_path / "clone" / "configs"
+  shutil.copytree(CONFIGS, copy, symlinks=True)
+  tiny, ours = copy / "recipes" / "cpu" / "deepseek3-tiny.yml", recipes.configs_dir().resolve()
+  assert recipes.recipe_path(str(tiny)) == ours / "recipes" / "cpu" / "deepseek3-tiny.yml"
+  assert upstream_config.layer_keys(recipes.recipe_path(str(tiny)), []).plugin.recipe_hardware == "cpu"
+  mine = copy / "recipes" / "cpu" / "mine.yml"
+  mine.write_text("base_config: ${moe_configs:recipes/cpu/deepseek3-tiny.yml}\nsteps: 3\n")
+  assert recipes.recipe_path(str(mine)) == mine
+
+  where = f"is in another copy of configs/ ({copy}); this maxtext-moe reads {ours}, where"
+  fix = f"set MAXTEXT_MOE_CONFIGS={copy} to use that copy"
+  with (copy / "models" / "deepseek3-tiny.yml").open("a") as f:
+    f.write("# changed in the clone\n")
+  with pytest.raises(UserError) as e:
+    recipes.recipe_path(str(tiny))
+  assert (
+    str(e.value)
+    == f"{tiny} {where} models/deepseek3-tiny.yml differs: {fix}, or give it as cpu/deepseek3-tiny to use this one's"
+  )
+  mine.write_text("base_config: deepseek3-tiny.yml\nsteps: 3\n")
+  with pytest.raises(UserError) as e:
+    recipes.recipe_path(str(mine))
+  assert str(e.value) == f"{mine} {where} recipes/cpu/mine.yml is missing: {fix}"
+  outside = tmp_path / "outside.yml"
+  outside.write_text(f"base_config: {tiny}\nsteps: 3\n")
+  with pytest.raises(UserError) as e:
+    upstream_config.layer_keys(recipes.recipe_path(str(outside)), [])
+  assert str(e.value) == (
+    f"{outside} is layered on another copy of configs/ ({copy}); this maxtext-moe reads {CONFIGS}: set "
+    "MAXTEXT_MOE_CONFIGS to that copy to use it, or base the file on ${moe_configs:recipes/HW/MODEL.yml}"
+  )
+  monkeypatch.setenv("MAXTEXT_MOE_CONFIGS", str(copy))
+  assert recipes.recipe_path(str(mine)) == mine
+  assert upstream_config.layer_keys(mine, []).plugin.recipe_hardware == "cpu"

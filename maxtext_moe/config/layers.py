@@ -61,6 +61,12 @@ def require_base(chain: list[Path], ours: Path) -> None:
   except yaml.YAMLError:
     return  # the walk stopped at a file that does not parse: MaxText's loader says where (one line)
   first = chain[0]
+  copy = next((p.parent for p in chain if p.name == "base.yml" and (p.parent / "recipes").is_dir()), None)
+  if copy is not None:  # a file based on a recipe of another copy of configs/ (a second clone's)
+    raise UserError(
+      f"{first} is layered on another copy of configs/ ({copy}); this maxtext-moe reads {ours.parent}: set "
+      "MAXTEXT_MOE_CONFIGS to that copy to use it, or base the file on ${moe_configs:recipes/HW/MODEL.yml}"
+    )
   what = "is empty" if not first.read_text(encoding="utf-8").strip() else "is not layered on maxtext-moe's base"
   raise UserError(
     f"{first} {what}: a recipe file starts with base_config: ${{moe_configs:base.yml}} (our defaults) or "

@@ -3,6 +3,10 @@
 A recipe is `configs/recipes/<hardware>/<model>.yml`, named so that a benchmark can be reproduced from
 its name alone. `configs/recipes/models` links to `configs/models`, the folder MaxText searches for
 `models/<model_name>.yml` next to the config's parent, so our model files shadow MaxText's.
+
+A recipe given by its path in another copy of configs/ (a second clone's, run with this package) is this
+package's recipe of the same path where every file it is read from there is the same here; else one line
+says which configs/ this package reads and how to run that copy (MAXTEXT_MOE_CONFIGS).
 """
 
 import difflib
@@ -39,7 +43,7 @@ def recipe_path(name: str) -> Path:
   if as_path.suffix in (".yml", ".yaml") and as_path.is_file():
     if as_path.suffix != ".yml":
       raise UserError(f"config files must end in .yml (MaxText's rule): rename {name}")
-    return as_path.resolve()
+    return _from_another_copy(as_path.resolve())
   key = name.removesuffix(".yml")
   known = list_recipes()
   if key in known:
@@ -47,6 +51,57 @@ def recipe_path(name: str) -> Path:
   near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
   hint = f"did you mean '{near[0]}'?" if near else "run 'maxtext-moe recipes' to list them"
   raise UserError(f"unknown recipe '{name}'; {hint}")
+
+
+def _copy_root(path: Path) -> Path | None:
+  """The copy of configs/ that `path` lies in: the nearest folder above it with base.yml, recipes/ and
+  models/, or None."""
+  for folder in path.parents:
+    if (folder / "base.yml").is_file() and (folder / "recipes").is_dir() and (folder / "models").is_dir():
+      return folder
+  return None
+
+
+def _chain_in_copy(path: Path, root: Path) -> list[Path]:
+  """The files of the copy `root` a recipe there is layered from: its base_config chain while that stays
+  in `root` (`${moe_configs:...}` names this package's configs)."""
+  import yaml  # pylint: disable=import-outside-toplevel
+
+  chain: list[Path] = []
+  while path.is_relative_to(root) and path.is_file() and path not in chain:
+    chain.append(path)
+    try:
+      base = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("base_config")
+    except (yaml.YAMLError, AttributeError):
+      break  # not a mapping, or no YAML: the checks of the chain say so
+    if not isinstance(base, str) or not base or "${" in base:
+      break
+    path = (path.parent / base).resolve()
+  return chain
+
+
+def _from_another_copy(path: Path) -> Path:
+  """`path`, or where it lies in another copy of configs/ and is layered on that copy's base.yml, the same
+  file of this package's configs: the recipe, its chain and the model files (MaxText looks a model up
+  next to the recipe) all the same here. Else one line: which configs/ this is and how to run that copy."""
+  ours, root = configs_dir().resolve(), _copy_root(path)
+  if root is None or root == ours:
+    return path
+  chain = _chain_in_copy(path, root)
+  if root / "base.yml" not in chain:
+    return path  # layered on this package's configs (${moe_configs:...}) or on none: the checks judge it
+  for file in [*chain, *sorted((root / "models").glob("*.yml"))]:
+    here = ours / file.relative_to(root)
+    if here.is_file() and here.read_bytes() == file.read_bytes():
+      continue
+    name = path.relative_to(root / "recipes").with_suffix("") if path.is_relative_to(root / "recipes") else None
+    other = f", or give it as {name} to use this one's" if str(name) in list_recipes() else ""
+    raise UserError(
+      f"{path} is in another copy of configs/ ({root}); this maxtext-moe reads {ours}, where "
+      f"{file.relative_to(root)} {'differs' if here.is_file() else 'is missing'}: set "
+      f"MAXTEXT_MOE_CONFIGS={root} to use that copy{other}"
+    )
+  return ours / path.relative_to(root)
 
 
 def portable_text(recipe: str) -> str:
