@@ -11,7 +11,6 @@ import pytest
 from flax import linen as nn
 from flax import nnx
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 from maxtext.layers import pipeline as mt_pipeline
 
 from maxtext_moe.moe.block import moe_block
