@@ -103,15 +103,20 @@ def fold(leaf: jax.Array, schedule: Schedule, *, largest: bool = False) -> jax.A
   return reduce(rows, slots, num_segments=n)[:-1]
 
 
+def _names(path: tuple[Any, ...]) -> list[str]:
+  """A pytree path's keys (dict keys, attribute names, indices) as text."""
+  return [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+
+
 def _layer_key(path: tuple[Any, ...]) -> tuple[int, tuple[int, ...]]:
   """Order of a decoder path's layers: those outside the pipeline (they run first), then the pipeline's;
   numbered names by number."""
-  names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  names = _names(path)
   return (int(MODULE in names), tuple(int(n) for name in names for n in re.findall(r"\d+", name)))
 
 
 def _fold_leaf(path: tuple[Any, ...], leaf: Any, schedule: Schedule) -> Any:
-  names = [str(getattr(k, "key", k)) for k in path]
+  names = _names(path)
   if MODULE not in names or not hasattr(leaf, "shape"):
     return leaf
   name = next((n for n in reversed(names) if n.startswith(INTERMEDIATE_PREFIX) or n == BIAS_UPDATES), None)
@@ -130,16 +135,14 @@ def _bias_signal(intermediates: Any, cfg: Any) -> jax.Array | None:
   found = [
     (path, leaf)
     for path, leaf in jax.tree_util.tree_leaves_with_path(intermediates)
-    if BIAS_UPDATES in [str(getattr(k, "key", k)) for k in path]
-    and "decoder" in [str(getattr(k, "key", k)) for k in path]
+    if {BIAS_UPDATES, "decoder"} <= set(_names(path))
   ]
   if not found:
     return None
   rows = []
   for path, leaf in sorted(found, key=lambda pl: _layer_key(pl[0])):
     leaf = leaf.reshape(-1, int(cfg.num_experts))
-    pipelined = MODULE in [str(getattr(k, "key", k)) for k in path]
-    if pipelined and int(cfg.gradient_accumulation_steps) <= 1:
+    if MODULE in _names(path) and int(cfg.gradient_accumulation_steps) <= 1:
       leaf = mt_moe.load_balance_updates_from_counts(leaf, int(cfg.num_experts), float(cfg.routed_bias_update_rate))
     rows.append(leaf.astype(jnp.float32) if int(cfg.gradient_accumulation_steps) <= 1 else leaf)
   return jnp.concatenate(rows)
