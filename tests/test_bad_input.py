@@ -55,9 +55,30 @@ CASES = [
   # the MoE block and the GPU path
   ("no_sparse_matmul", ["train", "sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path"),
   (
-    "pipeline_with_moe",  # MaxText's pipeline asserted on the first compile (a traceback) with either block
-    ["train", "ici_pipeline_parallelism=2", "num_pipeline_microbatches=2", "pipeline_parallel_layers=2"],
-    "MaxText's pipeline parallelism (2 stages) does not run MoE layers yet",
+    "pipeline_stages_not_dividing_layers",  # the tiny model's 3 MoE layers over 2 stages
+    ["train", "ici_pipeline_parallelism=2"],
+    "times the number of stages (2) must divide the number of pipeline_parallel_layers",
+  ),
+  (
+    "pipeline_microbatches_not_a_multiple_of_stages",
+    ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "num_pipeline_microbatches=3"],
+    "The number of microbatches (3) must be divisible by the number of stages (2)",
+  ),
+  (
+    "pipeline_with_maxtext_block",
+    ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "moe_impl=maxtext"],
+    "pipeline stages (2) with moe_impl=maxtext: MaxText's own MoE block takes a routing-bias sign per microbatch",
+  ),
+  (
+    "pipeline_with_te_ep",
+    [
+      "train",
+      "ici_pipeline_parallelism=2",
+      "pipeline_parallel_layers=2",
+      "moe_dispatch=te_ep",
+      "ici_expert_parallelism=2",
+    ],
+    "moe_dispatch=te_ep does not run inside pipeline stages (2)",
   ),
   ("te_ep_here", ["train", "moe_dispatch=te_ep", "ici_expert_parallelism=2"], "moe_dispatch=te_ep cannot run here:"),
   ("te_gemm_here", ["train", "moe_gemm_backend=te"], "moe_gemm_backend=te needs Transformer Engine on a GPU"),

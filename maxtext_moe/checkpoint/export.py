@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_moe.checkpoint import families, leaf_plan, model_spec
+from maxtext_moe.checkpoint import families, leaf_plan, model_spec, staged
 from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.safetensors_io import write_shards
 from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
@@ -99,7 +99,7 @@ def maxtext_to_hf(
   items = _items_dir(ckpt_dir)
   spec = model_spec.for_export(model, items, list(overrides))
   cfg, plans = model_tree(spec)
-  reader = LeafReader(items)
+  reader = staged.reader_for(LeafReader(items), items, cfg)  # a pipelined run's: its MoE layers as one stack
   stored = _stored_paths(reader, plans, items, spec.label)
   config = families.hf_config_for(cfg, dtype=dtype, source=spec.source_config)
   total = sum(int(np.prod(p.leaf.shape)) * OUT_DTYPES[dtype].itemsize for p in plans)

@@ -122,8 +122,12 @@ class LeafReader:
       self._stores[name] = orbax_seam.open_array(self.dir, name, ocdbt=self._ocdbt, zarr3=self._zarr3)
     return self._stores[name]
 
+  def store(self, path: tuple[str, ...]) -> Any:
+    """The leaf's TensorStore array, opened for reading."""
+    return self._open(".".join(path))
+
   def shape(self, path: tuple[str, ...]) -> tuple[int, ...]:
-    return tuple(self._open(".".join(path)).shape)
+    return tuple(self.store(path).shape)
 
   def read(self, path: tuple[str, ...], index: tuple[slice | int, ...] = ()) -> np.ndarray:
     store = self._open(".".join(path))

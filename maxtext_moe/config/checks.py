@@ -136,17 +136,28 @@ def check_block_supports_model(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {_FIX}")
 
 
-def check_no_pipeline_for_moe(cfg: Any) -> None:
-  """MaxText's pipeline stages with MoE layers: the seam runs them (upstream/pipeline.py: the routing bias
+def check_pipeline_for_moe(cfg: Any) -> None:
+  """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline.py: the routing bias
   among a stage's weights, the expert loads folded from the pipeline's iterations, one bias update per
-  step), but their losses have not yet been checked against a run without stages, and a checkpoint
-  written without stages (every converted one) has another parameter tree: refused until both are."""
+  step) for DeepSeek-V3-shaped decoders with our block; what it does not run is refused here."""
   stages = int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
-  if stages > 1 and int(cfg.num_experts) > 1:
+  if stages <= 1 or int(cfg.num_experts) <= 1:
+    return
+  if not _dropless(cfg):
     raise ValueError(
-      f"MaxText's pipeline parallelism ({stages} stages) does not run MoE layers yet (not checked against "
-      "training without stages, and checkpoints without stages do not load into it): split across nodes with "
-      "FSDP or data instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
+      f"pipeline stages ({stages}) with moe_impl={cfg.moe_impl}: MaxText's own MoE block takes a routing-bias "
+      "sign per microbatch inside the pipeline, not one per step; set moe_impl=dropless"
+    )
+  if str(cfg.decoder_block).lower().rsplit(".", 1)[-1] != "deepseek":
+    raise ValueError(
+      f"pipeline stages ({stages}) with MoE layers are checked for DeepSeek-V3-shaped models only "
+      f"(decoder_block=deepseek), not decoder_block={cfg.decoder_block}; split across nodes with FSDP or data "
+      "instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
+    )
+  if str(cfg.moe_dispatch) == "te_ep":
+    raise ValueError(
+      f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
+      "the stages; use moe_dispatch=auto (all_to_all under stages)"
     )
 
 
@@ -227,6 +238,6 @@ ALL_CHECKS = (
   check_buffers_and_capacity,
   check_gemm_quantization,
   check_block_supports_model,
-  check_no_pipeline_for_moe,
+  check_pipeline_for_moe,
   check_finetune_has_weights,
 )

@@ -103,7 +103,48 @@ def _compare_job(run_dir: Path, cfg: Any, *, devices: int, batch: int) -> None:
     )
   job = {"devices": devices, "nodes": int(cfg.nodes), "global_batch": batch}
   job["per_device_batch_size"] = float(cfg.per_device_batch_size)
+  job["pipeline"] = pipeline_layout(cfg)
   before_path.write_text(json.dumps(job) + "\n")
+
+
+def pipeline_layout(cfg: Any) -> dict[str, int] | None:
+  """What of MaxText's pipeline stages shapes a checkpoint's tree (None without stages)."""
+  if not getattr(cfg, "using_pipeline_parallelism", False):
+    return None
+  keys = ("ici_pipeline_parallelism", "dcn_pipeline_parallelism", "num_pipeline_repeats")
+  return {k: int(getattr(cfg, k)) for k in (*keys, "num_layers_per_pipeline_stage", "pipeline_parallel_layers")}
+
+
+def _layout_words(layout: dict[str, int] | None) -> str:
+  return "without pipeline stages" if layout is None else "with " + " ".join(f"{k}={v}" for k, v in layout.items())
+
+
+def check_resume_layout(cfg: Any) -> None:
+  """A run resumes its full state (optimizer included) only into the tree its checkpoints have: with the
+  same pipeline stages. A run without stages starts a new run from its weights instead
+  (load_parameters_path, which lays them out into the stages)."""
+  run_dir = Path(cfg.base_output_directory) / cfg.run_name
+  saved = run_dir / "checkpoints"
+  steps = sorted(int(p.name) for p in saved.iterdir() if p.name.isdigit()) if saved.is_dir() else []
+  if not steps:
+    return
+  try:
+    before = json.loads((run_dir / JOB_FILE).read_text()).get("pipeline")
+  except (OSError, ValueError, AttributeError):
+    before = None  # written before stages ran MoE models: none
+  now = pipeline_layout(cfg)
+  if before == now:
+    return
+  fix = (
+    f"start a new run_name with load_parameters_path={saved / str(steps[-1]) / 'items'} (its weights, laid out "
+    "into the stages; the optimizer state starts fresh)"
+    if before is None
+    else "resume with those keys"
+  )
+  raise UserError(
+    f"run {cfg.run_name} has checkpoints written {_layout_words(before)}, and this run is {_layout_words(now)}: "
+    f"a resume keeps the checkpoint's layout; {fix}"
+  )
 
 
 def _start_run(cfg: Any, recipe: Any, applied: dict[str, str], job: Any, out: IO[str]) -> Any:
@@ -183,6 +224,7 @@ def train(
   check_layout_divides(cfg, num_devices=jax.device_count())  # traces the model: needs a batch (above)
   if check_only:
     return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}
+  check_resume_layout(cfg)
   cfg = sft.prepare(absolute_checkpoint_paths(cfg), lead=jax.process_index() == 0)
   cfg = text.prepare(cfg)  # your own corpus: rows checked, JSONL staged as Parquet, the vocabulary checked
   recorder = _start_run(cfg, recipe, applied, job, out)

@@ -7,6 +7,7 @@ The block itself takes the expert axis as an argument; these are the names MaxTe
 DATA = "data"
 FSDP = "fsdp"
 EXPERT = "expert"
+STAGE = "stage"  # MaxText's pipeline stages
 # TE's NCCL EP splits tokens over (one of these, EXPERT): its dp_resource and fsdp_resource.
 TE_EP_OUTER = (DATA, FSDP)
 TE_RESOURCES = (DATA, FSDP, EXPERT)  # what TE's MeshResource names dp, fsdp and ep
@@ -22,6 +23,11 @@ def te_ep_layout_problem(axis_sizes: dict[str, int], *, num_experts: int, expert
     return f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto"
   if num_experts and num_experts % ep:
     return f"moe_dispatch=te_ep needs the {num_experts} experts to divide evenly over EP={ep}"
+  if others.get(STAGE, 1) > 1:
+    return (
+      f"moe_dispatch=te_ep does not run inside pipeline stages ({others[STAGE]}): TE's NCCL EP is not vmapped "
+      "over the stages; use moe_dispatch=auto (all_to_all under stages)"
+    )
   if len(outer) > 1 or len(others) > len(outer):
     layout = ", ".join(f"{a}={n}" for a, n in others.items())
     return (

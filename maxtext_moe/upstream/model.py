@@ -49,11 +49,18 @@ ONE_DEVICE_OVERRIDES = [
 Leaf = tuple[tuple[str, ...], tuple[int, ...], tuple[str | None, ...]]
 
 
-def model_patches() -> list[Patch]:
+def model_patches(cfg: Any = None) -> list[Patch]:
   """What changes MaxText's model wherever it is built: our MoE block, the MLA norms' epsilon, the mesh of
   CPU processes as nodes, a weights-only load that reads our training checkpoints and starts the FP8
-  scaling state fresh."""
-  return [*moe_layer.patches(), *mla_norm.patches(), *mesh.patches(), *weights_load.patches(), *pipeline.patches()]
+  scaling state fresh (and, given the resolved `cfg`, loads a checkpoint without pipeline stages into a
+  model with them), MoE layers inside pipeline stages."""
+  return [
+    *moe_layer.patches(),
+    *mla_norm.patches(),
+    *mesh.patches(),
+    *weights_load.patches(cfg),
+    *pipeline.patches(),
+  ]
 
 
 def _linen_model(cfg: Any) -> tuple[Any, jax.sharding.Mesh]:

@@ -195,7 +195,7 @@ def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery |
   moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed([*model_patches(), *run.patches(), *recovery.patches(rec)]), moe_layer.te_guard():
+  with installed([*model_patches(run.config), *run.patches(), *recovery.patches(rec)]), moe_layer.te_guard():
     try:
       train.main(["", "<config resolved by maxtext-moe>"])
     finally:

@@ -25,6 +25,7 @@ goes to MaxText's load as it is.
 """
 
 import ast
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 from flax import nnx
 from maxtext.common import checkpointing
 
-from maxtext_moe.upstream import orbax
+from maxtext_moe.upstream import orbax, stage_load
 from maxtext_moe.upstream.patches import Patch, original
 
 AUX = ("nnx_aux", "model")  # where a training checkpoint keeps the model's variables that are not Params
@@ -70,39 +71,95 @@ def _items_dir(path: Any) -> Path:
   return p / orbax.ITEMS if (p / orbax.ITEMS / "_METADATA").is_file() else p
 
 
-def load_params_from_path(load_parameters_from_path, abstract_unboxed_params, *args, **kwargs):
-  """MaxText's load for the Params; the model's other variables from a training checkpoint's `nnx_aux`."""
+def _stored_name(path: tuple[str, ...], var: Any, names: set[str]) -> str | None:
+  """Where a checkpoint keeps a variable at `path`: a Param under params/params, another variable under a
+  training checkpoint's nnx_aux/model or a converted one's params/<its type>."""
+  dotted = ".".join(path)
+  if isinstance(var, nnx.Param):
+    found = [f"params.params.{dotted}"]
+  else:
+    found = [f"{'.'.join(AUX)}.{dotted}", f"params.{type(var).__name__}.{dotted}"]
+  return next((n for n in found if n in names), None)
+
+
+def _restore(items: Path, meta: dict[str, Any], name: str, var: Any, layout: Any = None) -> None:
+  """Sets `var` to the stored array `name`, placed as the model shards it; through `layout(stored rank)`
+  (a `stage_load.Placement`) for a pipelined model's MoE layers read from a stack without stages."""
+  store = orbax.open_array(items, name, ocdbt=bool(meta.get("use_ocdbt")), zarr3=bool(meta.get("use_zarr3")))
+  where = None if layout is None else layout(store.rank)
+  want = var.get_value()
+  shape = tuple(store.shape) if where is None else where.shape(tuple(store.shape))
+  if shape != tuple(want.shape):
+    raise ValueError(
+      f"Checkpoint does not match the model: {name} is {tuple(store.shape)} in {items}, the model expects "
+      f"{tuple(want.shape)}" + ("" if where is None else f" (as {shape} after the pipeline's layout)")
+    )
+
+  def box(index: tuple[slice, ...]) -> np.ndarray:
+    got = store[index].read().result() if where is None else stage_load.read(store, where, index)
+    return np.asarray(got).astype(want.dtype)
+
+  sharding = getattr(want, "sharding", None)
+  full = tuple(slice(None) for _ in shape)
+  var.set_value(jax.make_array_from_callback(shape, sharding, box) if sharding is not None else box(full))
+
+
+def _moved(abstract: nnx.State, names: set[str], cfg: Any) -> dict[tuple, tuple[str, Any]]:
+  """A pipelined model's MoE-layer variables and where each comes from, when the checkpoint was written
+  without stages (`stage_load`); empty otherwise."""
+  stages = stage_load.Stages.of(cfg) if cfg is not None else None
+  if stages is None or any(stage_load.PIPELINE[0] in n.split(".") for n in names):
+    return {}
+  out = {}
+  for path, var in abstract.flat_state():
+    keys = tuple(map(str, path))
+    where = stage_load.placement(keys[1:], stages, is_param=True, ndim=0) if keys[:1] == ("decoder",) else None
+    if where is None:
+      continue
+    name = _stored_name(("decoder", stage_load.STACK, *where.source), var, names)
+    if name is None:
+      raise ValueError(
+        f"Checkpoint does not match the model: no decoder/{stage_load.STACK}/{'/'.join(where.source)} for the "
+        f"pipeline's {'/'.join(keys)} (a checkpoint without stages and with scan_layers=true loads into stages)"
+      )
+    out[path] = (name, var)
+  return out
+
+
+def load_params_from_path(load_parameters_from_path, abstract_unboxed_params, *args, cfg=None, **kwargs):
+  """MaxText's load for the Params; the model's other variables from a training checkpoint's `nnx_aux`;
+  a pipelined model's MoE layers from a checkpoint without stages (`stage_load`)."""
   load = original(checkpointing, "load_params_from_path")
   items = _items_dir(load_parameters_from_path)
   meta = _metadata(items) if "://" not in str(load_parameters_from_path) else None
   if not meta or not isinstance(abstract_unboxed_params, nnx.State):
     return load(load_parameters_from_path, abstract_unboxed_params, *args, **kwargs)
+  moved = _moved(abstract_unboxed_params, meta["names"], cfg)
   aux = {
     path: var
     for path, var in abstract_unboxed_params.flat_state()
-    if not isinstance(var, nnx.Param) and ".".join((*AUX, *map(str, path))) in meta["names"]
+    if path not in moved and not isinstance(var, nnx.Param) and ".".join((*AUX, *map(str, path))) in meta["names"]
   }
-  if not aux:
+  if not aux and not moved:
     return load(load_parameters_from_path, abstract_unboxed_params, *args, **kwargs)
-  params = abstract_unboxed_params.filter(lambda path, var: path not in aux)
+  params = abstract_unboxed_params.filter(lambda path, var: path not in aux and path not in moved)
   restored = load(load_parameters_from_path, params, *args, **kwargs)
-  ocdbt, zarr3 = bool(meta.get("use_ocdbt")), bool(meta.get("use_zarr3"))
   for path, var in aux.items():
-    name = ".".join((*AUX, *map(str, path)))
-    store = orbax.open_array(items, name, ocdbt=ocdbt, zarr3=zarr3)
-    if tuple(store.shape) != tuple(var.get_value().shape):
-      raise ValueError(
-        f"Checkpoint does not match the model: {name} is {tuple(store.shape)} in {items}, the model expects "
-        f"{tuple(var.get_value().shape)}"
-      )
-    value = np.asarray(store.read().result()).astype(var.get_value().dtype)
-    sharding = getattr(var.get_value(), "sharding", None)
-    var.set_value(jax.device_put(value, sharding) if sharding is not None else value)
-  return nnx.merge_state(restored, nnx.State.from_flat_path(aux))
+    _restore(items, meta, ".".join((*AUX, *map(str, path))), var)
+  stages = stage_load.Stages.of(cfg)
+  for path, (name, var) in moved.items():
+    under = tuple(map(str, path))[1:]
+    is_param = isinstance(var, nnx.Param)
+    _restore(
+      items, meta, name, var, lambda rank, u=under, p=is_param: stage_load.placement(u, stages, is_param=p, ndim=rank)
+    )
+  return nnx.merge_state(restored, nnx.State.from_flat_path({**aux, **{p: v for p, (_, v) in moved.items()}}))
 
 
-def patches() -> list[Patch]:
+def patches(cfg: Any = None) -> list[Patch]:
+  """The weights-only load; with the run's resolved `cfg`, also into pipeline stages from a checkpoint
+  written without them."""
   return [
     Patch(checkpointing, "_abstract_params", weights_only),
-    Patch(checkpointing, "load_params_from_path", load_params_from_path),
+    Patch(checkpointing, "load_params_from_path", functools.partial(load_params_from_path, cfg=cfg)),
   ]
