@@ -65,6 +65,11 @@ CASES = [
     "The number of microbatches (3) must be divisible by the number of stages (2)",
   ),
   (
+    "pipeline_circular_with_moe",  # 2 MoE layers over 2 stages, one layer per stage visit: 2 repeats
+    ["train", "base_num_decoder_layers=5", "override_model_config=true", "ici_pipeline_parallelism=2"],
+    "a circular pipeline (2 repeats of 2 stages) with MoE layers: MaxText writes each iteration's layer state",
+  ),
+  (
     "pipeline_with_maxtext_block",
     ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "moe_impl=maxtext"],
     "pipeline stages (2) with moe_impl=maxtext: MaxText's own MoE block takes a routing-bias sign per microbatch",

@@ -29,8 +29,9 @@ MODEL = [
 ]
 STAGES = {  # case: (overrides, devices, per-device batch)
   "2_stages_2_outside": (["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2"], 4, 2),
-  "2_stages_circular": (
-    ["ici_pipeline_parallelism=2", "pipeline_parallel_layers=4", "num_pipeline_microbatches=4"],
+  "2_stages_2_layers_each": (["ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2"], 4, 2),
+  "2_stages_2_layers_each_scanned": (
+    ["ici_pipeline_parallelism=2", "num_layers_per_pipeline_stage=2", "scan_layers_per_stage=true"],
     4,
     2,
   ),
@@ -76,8 +77,9 @@ def _placement(under: tuple[str, ...], extra: list[str], flat: LeafReader, head:
   """Where a pipelined run's leaf `head + under` comes from in the run without stages: (its name there,
   the `stage_load.Placement`), or None for a leaf outside the MoE layers (the same name)."""
   keys = dict(k.split("=") for k in extra)
-  stages, pipelined = int(keys["ici_pipeline_parallelism"]), int(keys["pipeline_parallel_layers"])
-  st = stage_load.Stages(stages, pipelined // stages, 1, outside=4 - pipelined, scan_axis=1)
+  stages, pipelined = int(keys["ici_pipeline_parallelism"]), int(keys.get("pipeline_parallel_layers", 4))
+  per_stage = int(keys.get("num_layers_per_pipeline_stage", 1))
+  st = stage_load.Stages(stages, pipelined // (stages * per_stage), per_stage, outside=4 - pipelined, scan_axis=1)
   where = stage_load.placement(under, st, is_param=head[0] == "params", ndim=0)
   if where is None:
     return None
@@ -126,12 +128,13 @@ def test_pipeline_resume_keeps_its_layout(start):
   with another layout is one line, exit 2, naming the fix."""
   runs, items = start
   extra, devices, batch = STAGES["2_stages_2_outside"]
+  extra = [*extra, "learning_rate_schedule_steps=5"]  # the same schedule for 3 steps then 4, and for 4 at once
   name = "resumed"
   proc = _train(runs, name, [*extra, f"load_parameters_path={items}"], devices=devices, batch=batch)
   assert proc.returncode == 0, proc.stderr[-3000:]
   proc = _train(runs, name, extra, devices=devices, batch=batch, steps=4)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  proc = _train(runs, "flat4", [f"load_parameters_path={items}"], steps=4)
+  proc = _train(runs, "flat4", [f"load_parameters_path={items}", "learning_rate_schedule_steps=5"], steps=4)
   assert proc.returncode == 0, proc.stderr[-3000:]
   np.testing.assert_allclose(_losses(runs / name), _losses(runs / "flat4"), rtol=2e-6)
 

@@ -154,6 +154,14 @@ def check_pipeline_for_moe(cfg: Any) -> None:
       f"(decoder_block=deepseek), not decoder_block={cfg.decoder_block}; split across nodes with FSDP or data "
       "instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
     )
+  repeats = int(getattr(cfg, "num_pipeline_repeats", 1))
+  if repeats > 1:
+    per_stage = int(cfg.pipeline_parallel_layers) // stages
+    raise ValueError(
+      f"a circular pipeline ({repeats} repeats of {stages} stages) with MoE layers: MaxText writes each "
+      "iteration's layer state back by repeat and cannot carry what the MoE layers record per iteration (their "
+      f"expert loads); set num_layers_per_pipeline_stage={per_stage} (one repeat)"
+    )
   if str(cfg.moe_dispatch) == "te_ep":
     raise ValueError(
       f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
