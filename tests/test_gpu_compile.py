@@ -384,6 +384,21 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
     assert len(said_te) == 2 and said_te[0].startswith("offload=optimizer_params"), said_te
 
 
+def test_under_pipeline_stages_attention_stands_in_as_dot_product():
+  """JAX's cuDNN attention (the stand-in for TE's) has no batching rule for MLA's value head (128) beside its
+  query head (192): under the stages' vmap the compile stands in dot_product, and says so."""
+  from maxtext_moe.gpu_compile.stand_ins import substitutions
+  from maxtext_moe.upstream import recipe as recipes
+
+  stages = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2"]
+  r = recipes.read("h100x8/deepseek3-proxy-16b", stages, keep_process_flags=False)
+  extra, said = substitutions(r, te_available=False)
+  assert "attention=dot_product" in extra and "attention=cudnn_flash_jax" not in extra
+  assert any(line.startswith("attention=cudnn_flash_te under pipeline stages") for line in said), said
+  extra, _ = substitutions(recipes.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False)
+  assert "attention=cudnn_flash_jax" in extra
+
+
 def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
   import jax
 

@@ -47,7 +47,16 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
-  if str(keys.maxtext["attention"]) == "cudnn_flash_te":
+  stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
+  if str(keys.maxtext["attention"]) == "cudnn_flash_te" and stages > 1:  # MoE with stages: DeepSeek's MLA only
+    extra.append("attention=dot_product")
+    said.append(
+      "attention=cudnn_flash_te under pipeline stages with MLA: JAX's cuDNN attention (the stand-in without TE) "
+      "cannot be vmapped over the stages when the value head differs from the query's (its batching rule "
+      "reshapes the value by the key's shape); compiled with dot_product, whose scores (B x H x L x L) the "
+      "planner counts too: more than cuDNN's flash attention keeps, so the program here is an upper bound"
+    )
+  elif str(keys.maxtext["attention"]) == "cudnn_flash_te":
     extra.append("attention=cudnn_flash_jax")
     said.append(
       "attention=cudnn_flash_te is TE's cuDNN flash attention, which asks the driver for its backend and builds "

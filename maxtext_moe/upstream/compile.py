@@ -23,7 +23,7 @@ from flax.linen import partitioning as nn_partitioning
 from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import maxtext_utils, sharding
 
-from maxtext_moe.upstream import moe_layer
+from maxtext_moe.upstream import moe_layer, pipeline
 from maxtext_moe.upstream.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed
 
@@ -90,7 +90,7 @@ def _on(mesh: Any | None) -> Iterator[None]:
 def compile_train_step(cfg: Any, *, mesh: Any | None = None) -> Any:
   """The compiled train step (`jax.stages.Compiled`) of a resolved config (HyperParameters), with our
   model patches, on `mesh` (default: MaxText's mesh over the visible devices)."""
-  with installed(model_patches()), moe_layer.te_guard(), _on(mesh):
+  with installed([*model_patches(cfg), *pipeline.step_patches()]), moe_layer.te_guard(), _on(mesh):
     moe_layer.prepare_te_ep(cfg)  # TE's NCCL EP, as `train` bootstraps it (a compile's: `upstream.te_target`)
     s = _train_step(cfg)
     rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
@@ -152,7 +152,7 @@ def lowered_train_step(cfg: Any, *, platform: str) -> str:
   machine: jax.export lowers for a platform it does not run on. Nothing is compiled."""
   from jax import export  # pylint: disable=import-outside-toplevel
 
-  with installed(model_patches()), moe_layer.te_guard():
+  with installed([*model_patches(cfg), *pipeline.step_patches()]), moe_layer.te_guard():
     s = _train_step(cfg)
     with jax.set_mesh(s.mesh), nn_partitioning.axis_rules(cfg.logical_axis_rules):
       jitted = jax.jit(

@@ -203,3 +203,14 @@ def patches() -> list[Patch]:
 def trainer_patches() -> list[Patch]:
   """In MaxText's train step: all the MoE layers' biases updated as one (`find_gate_bias`)."""
   return [Patch(train, "_find_gate_bias", find_gate_bias)]
+
+
+def folded_loss_fn(model, config, *args, **kwargs):
+  """MaxText's loss with its aux folded (`fold_aux`): what our trainer's loss does, less the stats."""
+  loss, aux = original(train, "loss_fn")(model, config, *args, **kwargs)
+  return loss, fold_aux(aux, config)
+
+
+def step_patches() -> list[Patch]:
+  """For MaxText's train step built outside our trainer (`compile`): the same step as `train` runs."""
+  return [Patch(train, "loss_fn", folded_loss_fn), *trainer_patches()]
