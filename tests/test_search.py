@@ -12,14 +12,14 @@ from conftest import REPO, run_cli
 from maxtext_moe.config import hardware
 from maxtext_moe.config.recipes import recipe_path
 from maxtext_moe.errors import UserError
-from maxtext_moe.steptime import search
+from maxtext_moe.steptime import candidates, search
 
 
 def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():
   found = search.layouts(hardware.GPUS["h100"], 2, 128)
   assert {(c.ep, c.fsdp) for c in found} == {(1, 8), (2, 4), (4, 2), (8, 1)}
   assert {(c.dcn_fsdp, c.dcn_data) for c in found} == {(1, 2), (2, 1)}
-  assert {c.remat for c in found} == set(search.REMATS) and len(found) == 4 * 2 * len(search.REMATS)
+  assert {c.remat for c in found} == set(candidates.REMATS) and len(found) == 4 * 2 * len(candidates.REMATS)
 
 
 def test_nvl72_candidates_fill_a_rack_with_whole_nodes():

@@ -63,6 +63,7 @@ class MemoryPlan:
       f"  global batch: {self.global_batch:,} sequences x {self.seq_len:,} = "
       f"{self.global_batch * self.seq_len:,} tokens per step",
       f"  tokens per device per step: {e.tokens_per_step:,}; MoE rows per device: {e.moe_rows:,}",
+      *_pipeline_lines(e),
       "",
       f"  {'per device':<44}{'GiB':>10}",
       f"  {'parameters':<44}{_gib(e.params):>10}",
@@ -70,12 +71,14 @@ class MemoryPlan:
       f"  {'gradients':<44}{_gib(e.grads):>10}",
       f"  {'scanned weights re-laid out for backward':<44}{_gib(e.scan_copy):>10}",
       f"  {'saved activations (remat policy)':<44}{_gib(e.saved_activations):>10}",
+      *([f"  {'  of which the pipeline loop keeps':<44}{_gib(e.pipeline_saved):>10}"] if e.stages > 1 else []),
       f"  {'loss phase: logits and their gradient':<44}{_gib(e.logits_phase):>10}",
       f"  {'layer phase: MoE dispatch buffers':<44}{_gib(e.moe_dispatch):>10}",
       f"  {'layer phase: attention':<44}{_gib(e.attention):>10}",
       f"  {'layer phase: layer weights and gradients':<44}{_gib(e.layer_weights):>10}",
       f"  {'layer phase: residual-stream temporaries':<44}{_gib(e.layer_activations):>10}",
       *([f"  {'layer phase: FP8 copies (dense GEMMs)':<44}{_gib(e.fp8_copies):>10}"] if e.fp8_copies else []),
+      *([f"  {'layer phase: pipeline loop buffers':<44}{_gib(e.pipeline_buffers):>10}"] if e.stages > 1 else []),
       f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
       f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
       f"  {'host memory (offloaded)':<44}{_gib(e.host):>10}",
@@ -123,6 +126,17 @@ class MemoryPlan:
     }
 
 
+def _pipeline_lines(e: Estimate) -> list[str]:
+  """The pipeline's schedule, and whose backward the layer phase is (`planner/stages.py`)."""
+  if e.stages <= 1:
+    return []
+  return [
+    f"  pipeline: {e.stages} stages, {e.microbatches} microbatches of {e.microbatch_tokens:,} tokens per device, "
+    f"{e.iterations} iterations ({e.pipeline_bubble:.1%} of them the bubble's); layer phase: a layer "
+    f"{e.peak_layer}",
+  ]
+
+
 def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:
   """Changes in the order we consider them cheapest: offload presets, then EP/FSDP splits of the same
   devices (each axis kept within its ICI/DCN side), then smaller micro-batches."""
@@ -160,12 +174,11 @@ class _Context:
 def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: float | None) -> tuple[_Context, Any]:
   from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
 
   path = recipe_path(recipe)
   # A fine-tuning recipe's weights do not change its memory: plan it without them.
   base_overrides = ["finetune=false", *overrides, *(_gpus_as_nodes(path, overrides, gpus) if gpus else [])]
-  cfg = upstream_config.resolved(path, base_overrides)
+  cfg = resolved(path, base_overrides)
   n = int(cfg.recipe_num_devices)
   if n <= 0:
     import jax  # pylint: disable=import-outside-toplevel
@@ -176,6 +189,19 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
   leaves = _leaves(str(path), tuple(base_overrides))
   return _Context(path, base_overrides, n, hbm, spec.host_gb * 1e9 / GIB if spec else None, leaves, _target(cfg)), cfg
+
+
+def resolved(path: Any, overrides: list[str]) -> Any:
+  """MaxText's resolution of a recipe for its own devices. MaxText checks a pipeline's microbatches against
+  per_device_batch_size x the devices it counts (`micro_batch_size_to_train_on`, configs/types.py), which
+  are this machine's unless `internal_compile_num_devices` names them (as `compile` does): a plan names
+  the job's, so a layout is judged for the cluster it is planned for, not the laptop planning it."""
+  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+
+  keys = upstream_config.layer_keys(path, overrides)
+  n = keys.layout.devices
+  job = ["internal_compile=true", f"internal_compile_num_devices={n}"] if n > 0 else []
+  return upstream_config.hyperparameters(upstream_config.resolve(path, [*overrides, *job], keys=keys))
 
 
 def _gpus_as_nodes(path: Any, overrides: list[str], gpus: int) -> list[str]:
@@ -248,8 +274,6 @@ def memory_plan(
   recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None, mfu: float = 0.4
 ) -> MemoryPlan:
   """Estimates `recipe` + overrides and, when it does not fit, searches for the cheapest change that does."""
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
-
   ctx, cfg = _context(recipe, overrides, gpus, gpu_mem_gib)
   divisibility.check(cfg, ctx.leaves, ctx.num_devices)
   base, dispatch = _estimate(ctx, cfg, [])
@@ -258,7 +282,7 @@ def memory_plan(
     for kind, extra in _candidates(cfg):
       tried += 1
       try:
-        cand_cfg = upstream_config.resolved(ctx.path, ctx.base_overrides + extra)
+        cand_cfg = resolved(ctx.path, ctx.base_overrides + extra)
       except UserError:
         continue  # an invalid layout for this model (e.g. experts not divisible)
       sizes = mesh_sizes(cand_cfg, ctx.num_devices)

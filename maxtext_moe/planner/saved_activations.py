@@ -90,11 +90,14 @@ def layer_counts(cfg: Any) -> tuple[int, int]:
   return dense, layers - dense + mtp
 
 
-def total(cfg: Any, tokens: int, d_bytes: int, rows: int, *, recomputed: bool) -> tuple[int, int]:
-  """(device, host) bytes over every layer: the dense layers and the MoE ones (each MTP layer one) apart.
-  A scan of one layer keeps its offloaded tensors on the device: XLA:GPU removes the offload of a loop of
-  a single trip (the suite's compiled proxy, one dense layer, moves only its MoE layers' tensors)."""
-  dense_layers, moe_layers = layer_counts(cfg)
+def total(
+  cfg: Any, tokens: int, d_bytes: int, rows: int, *, recomputed: bool, layers: tuple[int, int] | None = None
+) -> tuple[int, int]:
+  """(device, host) bytes over every layer (or the (dense, MoE) `layers` given: those outside pipeline
+  stages): the dense layers and the MoE ones (each MTP layer one) apart. A scan of one layer keeps its
+  offloaded tensors on the device: XLA:GPU removes the offload of a loop of a single trip (the suite's
+  compiled proxy, one dense layer, moves only its MoE layers' tensors)."""
+  dense_layers, moe_layers = layer_counts(cfg) if layers is None else layers
   device = host = 0
   for layers, dense in ((moe_layers, False), (dense_layers, True)):
     on_device, offloaded = per_layer(cfg, tokens, d_bytes, rows, recomputed=recomputed, dense=dense)

@@ -27,7 +27,7 @@ from typing import Any
 from maxtext_moe.steptime import launch
 from maxtext_moe.steptime.counts import gemm_shapes, memory_bytes_per_token, projection_shapes
 from maxtext_moe.steptime.imbalance import BALANCED, UNMEASURED
-from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
+from maxtext_moe.steptime.model import Pipeline, Transfer, Workload, unique_ranks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +156,7 @@ def external_workload(cfg: Any, leaves: list, lay: Layout, gpu: Any, label: str)
     transfers=_transfers(cfg, leaves, lay, gpu, tokens, layers, moe_layers),
     hideable_flops=shared * 1e12,
     host_syncs=0.0 if lay.graphs else moe_layers * micro * per_gpu,
-    pipeline=(lay.pp, lay.vpp, micro),
+    pipeline=Pipeline(lay.pp, lay.vpp, micro),
     attention_fwd_flops=flops["attention"] / 3,
     gemm_shapes=shapes,
     kernels=(0.0, kernels) if lay.graphs else (kernels, 0.0),

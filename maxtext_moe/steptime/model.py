@@ -18,8 +18,11 @@
                the expert exchange (dispatch and combine) waits for the router and feeds the expert GEMMs, so
                only the shared experts' GEMMs hide it
   host         host syncs (a conditional outside a command buffer, `compile`'s count) at a launch latency
-               each; the gaps between kernels, in and outside command buffers (`launch.py`); pipeline
-               bubbles (pp - 1) / (vpp x microbatches) of the compute
+               each; the gaps between kernels, in and outside command buffers (`launch.py`)
+  bubble       pipeline stages (`Pipeline`): delay x (S - 1) / (virtual x microbatches) of the pipelined
+               layers' useful time: Megatron's idle stages ((pp - 1) / (vpp x microbatches) of the compute),
+               MaxText's bubble iterations, which run every stage's layers, expert exchange included, on
+               filler (delay x (S - 1) of its M x R + delay x (S - 1) iterations; `stage_costs.py`)
 
 and prints step time, tokens/s, TFLOP/s per GPU (MaxText's count) and MFU against the bf16 peak, and the
 three largest exposed costs. A `Workload` comes from a resolved MaxText config (`workload`: the
@@ -55,6 +58,27 @@ class Transfer:
   network_bytes: float | None = None  # an all-to-all that forwards over NVLink: what crosses the network
 
 
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+  """Pipeline stages: S stages, the virtual stages (Megatron) or circular repeats (MaxText) per stage, the
+  microbatches, the activation delay (MaxText's pipeline_delay_activation_forwarding: 2), and the shares of
+  the compute and of the expert exchange in the pipelined layers (1 and 0: Megatron's bubble is idle time
+  of the whole compute)."""
+
+  stages: int = 1
+  virtual: int = 1
+  micro: int = 1
+  delay: int = 1
+  share: float = 1.0
+  exchange_share: float = 0.0
+
+  @property
+  def bubble(self) -> float:
+    """The bubble over the pipelined layers' useful time: delay x (S - 1) / (virtual x microbatches), which
+    is MaxText's delay x (S - 1) / (M x R + delay x (S - 1)) of their whole time."""
+    return self.delay * (self.stages - 1) / (self.virtual * self.micro)
+
+
 @dataclasses.dataclass
 class Workload:
   """What one GPU does in one training step."""
@@ -72,7 +96,7 @@ class Workload:
   kernels: tuple[float, float] = (0.0, 0.0)  # launched per step outside / inside command buffers or graphs
   imbalance: float = 1.0  # max/mean rows per EP rank (imbalance.py)
   host_syncs: float = 0.0
-  pipeline: tuple[int, int, int] = (1, 1, 1)  # stages, virtual stages, microbatches
+  pipeline: Pipeline = Pipeline()
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # where each part came from
 
 
@@ -204,9 +228,10 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
     exposed[f"kernel launch gaps ({outside:,.0f} one by one, {inside:,.0f} from graphs)"] = launch.seconds(
       outside, inside
     )
-  stages, virtual, micro = w.pipeline
-  if stages > 1:
-    exposed["pipeline bubble"] = compute * (stages - 1) / (virtual * micro)
+  pipe = w.pipeline
+  if pipe.stages > 1:  # the pipelined layers' compute and, where the bubble runs them, their exchange
+    exchanged = sum(v for k, v in exposed.items() if k in exchange)
+    exposed["pipeline bubble"] = pipe.bubble * (compute * pipe.share + exchanged * pipe.exchange_share)
   step = compute + sum(exposed.values())
   ranked = sorted(exposed.items(), key=lambda kv: -kv[1])
   parts |= {f"exposed: {k}": v for k, v in ranked}

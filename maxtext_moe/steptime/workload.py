@@ -13,10 +13,12 @@
   experts' (3 S F); a dense layer's MLP activation 3 F_dense. A count of what the kernels must read and
   write, with nothing fused away beyond that. An FP8 GEMM's input is quantized first (current scaling:
   an amax pass, a read and a one-byte write; MXFP8: a read and row- and column-wise writes).
-- FSDP: every parameter leaf is gathered before its use in the forward and again in the backward, over
-  the mesh axes that shard it except the experts' axis on its expert dimension and the tensor axes, and
-  its gradient reduce-scattered over the same group, both in the compute dtype (as XLA:GPU's compiled
-  programs do), then all-reduced over `data`.
+- FSDP (`fsdp.py`): every parameter leaf is gathered before its use in the forward and again in the
+  backward, over the mesh axes that shard it except the experts' axis on its expert dimension and the
+  tensor axes, and its gradient reduce-scattered over the same group, both in the compute dtype (as
+  XLA:GPU's compiled programs do), then all-reduced over `data`.
+- Pipeline stages (`stage_costs.py`): the pipelined layers' GEMMs at a microbatch's rows, their weights
+  gathered per iteration, the stage sends, the bubble.
 - The expert exchange: dispatch and combine per MoE layer in the forward, their transposes in the
   backward, and again in the recomputed forward under `full`; rows per GPU: te_ep and MaxText's TE block
   send a token once per destination rank (`model.unique_ranks`), all_to_all its padded receive
@@ -35,16 +37,11 @@ from maxtext_moe.config.layout import mesh_sides
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
 from maxtext_moe.planner import saved_activations
-from maxtext_moe.planner.estimate import (
-  _moe_rows,
-  _state_bytes,
-  dtype_bytes,
-  experts_recomputed,
-  maxtext_te_block,
-)
-from maxtext_moe.planner.shards import mesh_axes_of, stays_split
-from maxtext_moe.steptime import launch
-from maxtext_moe.steptime.counts import gemm_shapes, memory_bytes_per_token, recompute_tflops, value_of
+from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
+from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, experts_recomputed, maxtext_te_block
+from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
+from maxtext_moe.steptime import fsdp, launch, stage_costs
+from maxtext_moe.steptime.counts import memory_bytes_per_token, recompute_tflops, value_of
 from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance
 from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
 
@@ -55,37 +52,6 @@ def formats(cfg: Any) -> dict[str, str]:
   te_block = maxtext_te_block(cfg)
   grouped = number_format(cfg.te_gmm_quantization if te_block else cfg.moe_gemm_quantization)
   return {"dense": number_format(cfg.quantization), "grouped": grouped, "attention": "bf16", "head": "bf16"}
-
-
-def _param_splits(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
-  """(bytes per GPU as computed with, ways gathered, NVLink domains the gather spans, launches (a scanned
-  leaf is gathered layer by layer), shard bytes per GPU) of every parameter leaf."""
-  # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
-  # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
-  w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
-  out = []
-  for path, shape, names in leaves:
-    if path[0] != "params":
-      continue
-    gathered = kept = 1
-    domains = 1
-    total = math.prod(shape)
-    for name, axes in zip(names, mesh_axes_of(names, rules), strict=True):
-      for axis in axes:
-        ici, dcn = sides.get(axis, (1, 1))
-        if stays_split(axis, name):
-          kept *= ici * dcn
-        else:
-          gathered *= ici * dcn
-          domains *= dcn
-    launches = shape[names.index("layers")] if "layers" in names else 1
-    out.append((total * w_b / kept, gathered, domains, launches, total * w_b / kept / gathered))
-  return out
-
-
-def _gather_groups(cfg: Any, leaves: list, rules: list, sides: dict[str, tuple[int, int]]) -> list[tuple]:
-  """`_param_splits` of the leaves that are gathered (split over an FSDP-like axis)."""
-  return [row for row in _param_splits(cfg, leaves, rules, sides) if row[1] > 1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +66,9 @@ class _Step:
   moe_rerun: bool  # the experts' forward (and its exchange) again in the backward
   sides: dict[str, tuple[int, int]]
   rules: list
+  pipe: Stages | None = None  # pipeline stages (`stage_costs.py`)
+  micro_rows: int = 0  # with them, tokens per GPU in one of the pipeline's microbatches
+  runs: tuple[int, int] = (0, 0)  # (dense, MoE) layer runs per micro-batch: a stage's once per iteration
 
   @property
   def tokens(self) -> int:
@@ -124,8 +93,11 @@ def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   none_kept = none_kept or experts_recomputed(cfg, dispatch)
   rerun = str(cfg.remat_policy) == "custom" and moe_layers > 0 and none_kept
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
-  micro = int(cfg.gradient_accumulation_steps)
-  return _Step(rows, micro, layers, moe_layers, full, rerun, mesh_sides(cfg, num_devices), rules)
+  micro, sides, pipe = int(cfg.gradient_accumulation_steps), mesh_sides(cfg, num_devices), Stages.of(cfg)
+  tokens = batch_tokens(cfg, {a: i * d for a, (i, d) in sides.items()}, rules, num_devices)
+  micro_rows = pipe.microbatch_tokens(tokens, int(cfg.max_target_length)) if pipe else rows
+  runs = stage_costs.layer_runs(cfg, pipe, dense_layers, moe_layers)
+  return _Step(rows, micro, layers, moe_layers, full, rerun, sides, rules, pipe, micro_rows, runs)
 
 
 def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float, str]:
@@ -152,27 +124,6 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
   return flops, total, shared, attention_fwd, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 
 
-def _fsdp_transfers(cfg: Any, leaves: list, step: _Step) -> list[Transfer]:
-  """The weights' gathers (forward and backward) and their gradients' reductions, per group."""
-  groups = _gather_groups(cfg, leaves, step.rules, step.sides)
-  by_group: dict[tuple[int, int], list[float]] = {}
-  for gathered, group, domains, launches, _ in groups:
-    row = by_group.setdefault((group, domains), [0.0, 0.0])
-    row[0] += gathered
-    row[1] += launches
-  out = []
-  for (group, domains), (nbytes, n) in sorted(by_group.items()):
-    where = f"x{group}" + (f" over {domains} NVLink domains" if domains > 1 else "")
-    out.append(Transfer(f"FSDP weight all-gathers {where}", "all-gather", 2 * nbytes, group, domains, True, 2 * n))
-    out.append(Transfer(f"gradient reduce-scatters {where}", "reduce-scatter", nbytes, group, domains, True, n))
-  data_ici, data_dcn = step.sides.get("data", (1, 1))
-  if data_ici * data_dcn > 1:  # every gradient shard a GPU holds, the experts' (never gathered) included
-    shard = sum(s for *_, s in _param_splits(cfg, leaves, step.rules, step.sides))
-    name = f"gradient all-reduce x{data_ici * data_dcn} (data)"
-    out.append(Transfer(name, "all-reduce", shard, data_ici * data_dcn, data_dcn, True))
-  return out
-
-
 def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], float, float, str]:
   """(the expert exchange, rows per token it delivers, host syncs of its rounds, the dispatcher)."""
   ep_ici, ep_dcn = step.sides.get("expert", (1, 1))
@@ -193,7 +144,8 @@ def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], flo
   passes = (6 if step.full or step.moe_rerun else 4) * step.moe_layers  # dispatch + combine per pass
   nbytes = rows * int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
   name = f"expert dispatch/combine ({kind.value}) x{ep}"
-  launches = passes * step.microbatches  # per micro-batch; the bytes count every token already
+  # per micro-batch and layer run (a stage's per iteration); the bytes count every token already
+  launches = passes // step.moe_layers * step.runs[1] * step.microbatches
   return [Transfer(name, "all-to-all", nbytes, ep, ep_dcn, False, launches)], rows / step.tokens, syncs, kind.value
 
 
@@ -202,11 +154,17 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
   out = []
   ep = math.prod(step.sides.get("expert", (1, 1)))
   buffer_rows, _ = _moe_rows(cfg, step.tokens, ep, kind) if step.moe_layers else (0, 0)
-  recomputed = experts_recomputed(cfg, kind)
-  _, host = saved_activations.total(cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows, recomputed=recomputed)
+  recomputed, layers = experts_recomputed(cfg, kind), outside_layer_counts(cfg, step.pipe)
+  _, host = saved_activations.total(
+    cfg, step.tokens, dtype_bytes(cfg.dtype), buffer_rows, recomputed=recomputed, layers=layers
+  )
+  if step.pipe is not None:  # a stage's layers at each iteration's microbatch
+    micro_rows, _ = _moe_rows(cfg, step.micro_rows, ep, kind) if step.moe_layers else (0, 0)
+    host += step.microbatches * saved_bytes(cfg, step.pipe, step.micro_rows, micro_rows, dispatch=kind)[1]
   if host:  # out in the forward and back in the backward, a copy per layer each way
-    out.append(Transfer("host offload copies", "host", 2 * host, 1, 1, True, 2 * step.layers))
-  params_b, opt_b, _, _ = _state_bytes(cfg, leaves, step.rules, {a: i * d for a, (i, d) in step.sides.items()})
+    out.append(Transfer("host offload copies", "host", 2 * host, 1, 1, True, 2 * sum(step.runs)))
+  sizes = {a: i * d for a, (i, d) in step.sides.items()}
+  params_b, opt_b, _, _ = _state_bytes(cfg, leaves, step.rules, sizes, step.pipe)
   on_host = (opt_b + params_b if cfg.optimizer_memory_host_offload else 0) + (
     params_b if cfg.parameter_memory_host_offload else 0
   )
@@ -223,7 +181,7 @@ def _kernels(cfg: Any, step: _Step) -> tuple[float, float]:
   types = launch.xla_command_types(flags.for_config(cfg, keep_process_flags=False).xla_flags)
   te_gemms = maxtext_te_block(cfg) or str(cfg.quantization).startswith("te")
   out = inside = 0.0
-  for moe, count in ((True, step.moe_layers), (False, step.layers - step.moe_layers)):
+  for moe, count in ((True, step.runs[1]), (False, step.runs[0])):
     o, i = launch.xla_split(launch.kernels_per_layer(cfg, fmts, moe=moe), types, te_gemms)
     out += o * count * step.passes * step.microbatches
     inside += i * count * step.passes * step.microbatches
@@ -237,9 +195,11 @@ def workload(
   step = _step(cfg, num_devices, dispatch)
   flops, total, shared, attention_fwd, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
-  transfers = _fsdp_transfers(cfg, leaves, step) + exchange + _host_transfers(cfg, leaves, step, kind)
+  transfers = fsdp.transfers(cfg, leaves, step.rules, step.sides, step.pipe) + exchange
+  transfers += _host_transfers(cfg, leaves, step, kind) + stage_costs.sends(cfg, step.pipe, step.sides, step.micro_rows)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
-  memory = step.passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * (step.layers - step.moe_layers))
+  layers = (step.layers - step.moe_layers, step.moe_layers)
+  memory = step.passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * layers[0])
   return Workload(
     label=label,
     tokens=step.tokens,
@@ -251,7 +211,8 @@ def workload(
     hideable_flops=shared * (4 / 3 if step.full else 1) * 1e12,
     host_syncs=host_syncs,
     attention_fwd_flops=attention_fwd,
-    gemm_shapes=gemm_shapes(cfg, step.rows, step.layers - step.moe_layers, step.moe_layers),
+    gemm_shapes=stage_costs.shapes(cfg, step.pipe, step.rows, step.micro_rows, layers),
+    pipeline=stage_costs.pipeline(cfg, step.pipe, flops, layers),
     kernels=_kernels(cfg, step),
     imbalance=imbalance.factor if step.moe_layers else 1.0,
     sources={

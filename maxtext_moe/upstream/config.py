@@ -138,10 +138,8 @@ _LAYER_PLUGIN_KEYS = (
 )
 # MaxText's keys the launcher reads from the layers (MaxText's defaults where they are unset).
 MAXTEXT_LAYER_KEYS = {"num_slices": 1, "attention": "autoselected", "ici_expert_parallelism": 1}
-MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compile substitutes without TE
-MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1}
-# pipeline stages: which attention kernel compile can stand in under the stages' vmap
-MAXTEXT_LAYER_KEYS |= {"ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": 1}
+MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compile substitutes (and, below, stages)
+MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1, "ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": 1}
 
 
 def _refuse_derived(overrides: list[str]) -> None:

@@ -1,0 +1,167 @@
+"""Whether a layout search candidate (`candidates.py`) fits, found with as few MaxText resolutions as the
+answer needs (about a second each: the search's cost), and its time.
+
+- An offload whose parameters, Adam state and gradients alone exceed the memory is not resolved
+  (`_state_floor`: from the parameter tree and the base config's rules).
+- After one estimate, the next offload tried is the first its arithmetic says fits (`_offloaded_fits`:
+  the presets move the optimizer state, then the parameters, to the host, and nothing else).
+- The microbatch counts of a pipelined layout share one resolution (`_Microbatches`).
+"""
+
+import dataclasses
+import types
+from typing import Any
+
+from maxtext_moe.errors import UserError
+from maxtext_moe.steptime.candidates import OFFLOADS, Layout, microbatch_counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+  layout: Layout
+  device_gib: float
+  global_batch: int
+  prediction: Any  # steptime.model.Prediction
+
+  def row(self) -> dict[str, Any]:
+    return {
+      "ep": self.layout.ep,
+      "fsdp_per_domain": self.layout.fsdp,
+      "fsdp_across": self.layout.dcn_fsdp,
+      "data_across": self.layout.dcn_data,
+      "stages": self.layout.stages,
+      "microbatches": self.layout.microbatches or None,
+      "pipeline_parallel_layers": self.layout.pipelined or None,
+      "remat": self.layout.remat,
+      "offload": self.layout.offload,
+      "per_device_batch_size": self.layout.batch,
+      "global_batch": self.global_batch,
+      "device_gib": round(self.device_gib, 1),
+      "tflops_per_gpu": round(self.prediction.tflops_per_gpu, 1),
+      "tokens_per_s_per_gpu": round(self.prediction.tokens_per_s_per_gpu, 1),
+      "gives_up": self.layout.gives_up(),
+      "overrides": self.layout.overrides(),
+    }
+
+
+def pipelinable(cfg: Any) -> int:
+  """MoE layers a DeepSeek decoder can run in pipeline stages (0 for any other: our checks refuse stages
+  with MoE layers elsewhere, `config/checks.py`)."""
+  deepseek = str(getattr(cfg.decoder_block, "value", cfg.decoder_block)).lower().endswith("deepseek")
+  layers = int(cfg.num_decoder_layers) - int(cfg.first_num_dense_layers or 0)
+  return layers if deepseek and int(cfg.num_experts) > 1 else 0
+
+
+def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -> tuple[tuple | None, int]:
+  """((layout, config, estimate) at the first offload from OFFLOADS[first] on that fits, or None; how many
+  MaxText resolved). An offload that cannot fit by its state alone (`_state_floor`), or by what the
+  estimate at half the batch (`half`) says of this one (`_doubled`), is not resolved; after one estimate,
+  the next offload tried is the first its arithmetic says fits (`_offloaded_fits`)."""
+  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.memory_plan import _estimate, resolved  # pylint: disable=import-outside-toplevel
+
+  floors = [_state_floor(ctx, cfg, start), *([_doubled(half)] if half is not None else [])]
+  level = next((k for k in range(first, len(OFFLOADS)) if all(_offloaded_fits(ctx, f, k) for f in floors)), None)
+  count = 0
+  while level is not None:
+    layout = dataclasses.replace(start, offload=OFFLOADS[level])
+    count += 1
+    try:
+      cand = resolved(ctx.path, [*ctx.base_overrides, *layout.overrides()])
+    except UserError:
+      return None, count  # this model cannot take this layout (a check of ours or MaxText's)
+    if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand), mesh_sizes(cand, ctx.num_devices)):
+      return None, count
+    est, _ = _estimate(ctx, cand, [])
+    if est.fits:
+      return (layout, cand, est), count
+    level = next((k for k in range(level + 1, len(OFFLOADS)) if _offloaded_fits(ctx, est, k)), None)
+  return None, count
+
+
+def _offloaded_fits(ctx: Any, est: Any, level: int) -> bool:
+  """Whether `est` (an estimate, or `_state_floor`'s part of one) fits with OFFLOADS[level]: the optimizer
+  state, then the parameters (and the scanned weights' re-laid-out copy: the preset sets param_scan_axis=0)
+  move to the host; nothing else in the plan depends on the preset (`config/offload.py`)."""
+  to_host = est.optimizer * (level >= 1) + est.params * (level >= 2)
+  device = est.device_total - to_host - est.scan_copy * (level >= 2)
+  hbm_ok = ctx.hbm_gib is None or device <= ctx.hbm_gib * 2**30
+  return hbm_ok and (ctx.host_gib is None or est.host + to_host <= ctx.host_gib * 2**30)
+
+
+def _state_floor(ctx: Any, cfg: Any, layout: Layout) -> Any:
+  """The parameters, Adam state and gradients of `layout` without offload, from the parameter tree and
+  the base config's rules alone (no resolution): a floor of its estimate (`estimate._state_bytes`)."""
+  from maxtext_moe.planner import divisibility, stages  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.estimate import _state_bytes  # pylint: disable=import-outside-toplevel
+
+  ep = layout.ep * max(int(cfg.dcn_expert_parallelism), 1)
+  sizes = {"expert": ep, "fsdp": layout.fsdp * layout.dcn_fsdp, "data": layout.dcn_data, "stage": layout.stages}
+  pipe = None
+  if layout.stages > 1:
+    lay = (layout.stages, layout.microbatches, 1, 1, layout.per_stage, layout.pipelined)
+    pipe = stages.Stages(*lay, stack=stages.DEEPSEEK_STACK, stack_layers=pipelinable(cfg))
+  params, optimizer, grads, _ = _state_bytes(cfg, ctx.leaves, divisibility.rules_of(cfg), sizes, pipe)
+  total = params + optimizer + grads
+  return types.SimpleNamespace(params=params, optimizer=optimizer, device_total=total, scan_copy=0, host=0)
+
+
+def _doubled(est: Any) -> Any:
+  """A floor of the estimate of the same layout and offload at twice the batch: the saved activations and
+  the logits are linear in the tokens (`planner/estimate.py`: the search's remat policies keep no MoE
+  rows, and a pipelined layout's microbatches hold whole sequences), nothing else shrinks."""
+  peak = max(2 * est.logits_phase, est.layer_phase) - max(est.logits_phase, est.layer_phase)
+  saved_host = est.host - est.host_state
+  return types.SimpleNamespace(
+    params=est.params,
+    optimizer=est.optimizer,
+    scan_copy=est.scan_copy,
+    device_total=est.device_total + est.saved_activations + peak,
+    host=est.host + saved_host,
+  )
+
+
+class _Microbatches:
+  """A resolved config at another num_pipeline_microbatches. MaxText derives nothing else from it
+  (configs/types.py only checks it: a multiple of the stages dividing the micro batch, which
+  `candidates.microbatch_counts` keeps), so each count is planned and timed without resolving again."""
+
+  def __init__(self, cfg: Any, microbatches: int):
+    self._cfg = cfg
+    self.num_pipeline_microbatches = microbatches
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._cfg, name)
+
+
+def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
+  """The layout timed; a pipelined one at its fastest microbatch count that fits."""
+  from maxtext_moe.config.nodes import global_batch  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.memory_plan import _estimate  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
+
+  label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f", {layout.stages} stages" if layout.stages > 1 else "")
+  batch_total = global_batch(layout.batch, ctx.num_devices, int(cand.gradient_accumulation_steps))
+  best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label))
+  if layout.stages <= 1:
+    return best
+  for m in microbatch_counts(layout.stages, _sequences_per_shard(ctx, cand)):
+    if m == layout.microbatches:
+      continue
+    other = _Microbatches(cand, m)
+    e, _ = _estimate(ctx, other, [])
+    pred = predict_config(ctx, other, label) if e.fits else None
+    if pred is not None and pred.tokens_per_s_per_gpu > best.prediction.tokens_per_s_per_gpu:
+      best = Found(dataclasses.replace(layout, microbatches=m), e.device_total / 2**30, batch_total, pred)
+  return best
+
+
+def _sequences_per_shard(ctx: Any, cfg: Any) -> int:
+  """Sequences of the micro batch per shard of the activations' batch axes (no `stage`)."""
+  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.estimate import batch_tokens  # pylint: disable=import-outside-toplevel
+
+  sizes = mesh_sizes(cfg, ctx.num_devices)
+  return batch_tokens(cfg, sizes, divisibility.rules_of(cfg), ctx.num_devices) // int(cfg.max_target_length)

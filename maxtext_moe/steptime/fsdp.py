@@ -1,0 +1,101 @@
+"""The parameters' collectives in the step-time model: FSDP gathers of the weights, reduce-scatters of
+their gradients, and all-reduces of the gradient shards over the axes that replicate them (`data`, and
+with pipeline stages `stage` for the weights outside the pipeline).
+
+Every parameter leaf is gathered before its use in the forward and again in the backward, over the mesh
+axes that shard it except the experts' axis on its expert dimension and the tensor axes, and its gradient
+reduce-scattered over the same group, both in the compute dtype (as XLA:GPU's compiled programs do). With
+pipeline stages (`planner/stages.py`) a pipelined layer's weights are gathered per iteration and layer of
+the stage, bubble included: MaxText hands each iteration its stage's weights still split over FSDP
+(`NNXPipeline.get_current_stage_weights`), and the layer gathers them as without stages; their gradients
+are reduce-scattered per iteration likewise (the gather's transpose, inside the scan's backward).
+"""
+
+import math
+from typing import Any
+
+from maxtext_moe.planner.layer_phase import dtype_bytes
+from maxtext_moe.planner.shards import mesh_axes_of, stays_split
+from maxtext_moe.planner.stages import Stages
+from maxtext_moe.steptime.model import Transfer
+
+Sides = dict[str, tuple[int, int]]
+
+
+def _split(names: tuple, rules: list, sides: Sides, skip: str | None = None) -> tuple[int, int, int]:
+  """(ways a leaf stays split while computed with, ways it is gathered, NVLink domains the gather spans),
+  leaving out the dimension of logical name `skip` (one layer of a stack)."""
+  gathered = kept = domains = 1
+  for name, axes in zip(names, mesh_axes_of(names, rules), strict=True):
+    for axis in axes if name != skip else ():
+      ici, dcn = sides.get(axis, (1, 1))
+      if stays_split(axis, name):
+        kept *= ici * dcn
+      else:
+        gathered *= ici * dcn
+        domains *= dcn
+  return kept, gathered, domains
+
+
+def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages | None = None) -> list[tuple]:
+  """(bytes per GPU as computed with and gathered per step, ways gathered, NVLink domains the gather spans,
+  launches (a scanned leaf is gathered layer by layer), shard bytes per GPU, outside the pipeline) of every
+  parameter leaf; the pipelined stack's as two rows, its layers outside the pipeline and its stage's."""
+  # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
+  # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
+  w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
+  out = []
+  for path, shape, names in leaves:
+    if path[0] != "params":
+      continue
+    total = math.prod(shape) * w_b
+    if pipe is not None and pipe.stack in names:
+      out += _pipelined_rows(total / pipe.stack_layers, names, rules, sides, pipe)
+      continue
+    kept, gathered, domains = _split(names, rules, sides)
+    launches = shape[names.index("layers")] if "layers" in names else 1
+    out.append((total / kept, gathered, domains, launches, total / kept / gathered, True))
+  return out
+
+
+def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages) -> list[tuple]:
+  """`param_splits`'s rows of the pipelined stack, from one layer's bytes: the layers outside the pipeline
+  gathered once each, the stage's per iteration and layer of the stage. Launches as for a stack without
+  stages: one per layer of a `layers` stack, one per pass over a DeepSeek `moe_layers` stack (so per
+  iteration for a stage's layers), so that a layout with stages and one without are counted alike."""
+  kept, gathered, domains = _split(names, rules, sides, skip=pipe.stack)
+  one, per_layer = layer / kept, pipe.stack == "layers"
+  runs = pipe.iterations * pipe.layers_per_stage
+  launches = runs if per_layer else pipe.iterations
+  rows = [(one * runs, gathered, domains, launches, one / gathered * pipe.per_stage, False)]
+  if pipe.outside:
+    launches = pipe.outside if per_layer else 1
+    rows.append((one * pipe.outside, gathered, domains, launches, one / gathered * pipe.outside, True))
+  return rows
+
+
+def transfers(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages | None = None) -> list[Transfer]:
+  """The weights' gathers (forward and backward) and their gradients' reductions, per group."""
+  splits = param_splits(cfg, leaves, rules, sides, pipe)
+  by_group: dict[tuple[int, int], list[float]] = {}
+  for gathered, group, domains, launches, *_ in splits:
+    if group > 1:
+      row = by_group.setdefault((group, domains), [0.0, 0.0])
+      row[0] += gathered
+      row[1] += launches
+  out = []
+  for (group, domains), (nbytes, n) in sorted(by_group.items()):
+    where = f"x{group}" + (f" over {domains} NVLink domains" if domains > 1 else "")
+    out.append(Transfer(f"FSDP weight all-gathers {where}", "all-gather", 2 * nbytes, group, domains, True, 2 * n))
+    out.append(Transfer(f"gradient reduce-scatters {where}", "reduce-scatter", nbytes, group, domains, True, n))
+  data_ici, data_dcn = sides.get("data", (1, 1))
+  if data_ici * data_dcn > 1:  # every gradient shard a GPU holds, the experts' (never gathered) included
+    shard = sum(row[4] for row in splits)
+    name = f"gradient all-reduce x{data_ici * data_dcn} (data)"
+    out.append(Transfer(name, "all-reduce", shard, data_ici * data_dcn, data_dcn, True))
+  if pipe is not None:  # outside the pipeline `stage` splits the batch like data: their gradients summed
+    stage_ici, stage_dcn = sides.get("stage", (1, 1))
+    shard = sum(row[4] for row in splits if row[5])
+    name = f"gradient all-reduce x{pipe.stages} (stage: the weights outside the pipeline)"
+    out.append(Transfer(name, "all-reduce", shard, stage_ici * stage_dcn, stage_dcn, True))
+  return out
