@@ -126,6 +126,7 @@ def test_stage_axis_is_vmapped_inside_the_pipeline_only():
   assert pipeline.vmapped_axes(_cfg(using_pipeline_parallelism=False)) == ()
 
 
+@pytest.mark.ci  # two compiles, about 33 s on 2 cores: the pipeline's training tests (ci) cover it end to end
 @pytest.mark.parametrize("ep", [1, 2])
 def test_block_under_the_stages_vmap_matches_each_stage_alone(ep):
   """The block inside MaxText's stage vmap (spmd_axis_name='stage') on stage 2 x fsdp 2 x expert EP: each
