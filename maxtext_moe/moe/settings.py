@@ -137,20 +137,17 @@ def resolve_dispatch(
   return DispatchKind.ALL_TO_ALL
 
 
-def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str, vmapped: bool = False) -> GemmBackend:
+def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> GemmBackend:
   """Turns `auto` into a concrete grouped GEMM. On a GPU: te where TE imports, else tokamax (its Mosaic GPU
   kernels: one custom call per GEMM, no data-dependent branch), never ragged_dot (XLA:GPU rewrites it to a
   dense dot: about 25 TFLOP/s on a B200) nor tiled (a conditional per expert and GEMM, each a host sync on
-  XLA:GPU; docs/gpu-path.md). On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled, except under a
-  vmap (`vmapped`: inside pipeline stages), where tiled's per-expert conditionals and data-dependent loops
-  become selects that run every branch for every stage: ragged_dot there (the tiny model with 2 stages,
-  8,192 tokens a step on 4 CPU devices: 134 tokens/s tiled, 1,089 ragged_dot)."""
+  XLA:GPU; docs/gpu-path.md). On a TPU ragged_dot (Mosaic's grouped matmul); on CPU tiled."""
   backend, platform = GemmBackend(backend), _platform(platform)
   if backend != GemmBackend.AUTO:
     return backend
   if platform.name == "gpu":
     return GemmBackend.TE if platform.te_gemm else GemmBackend.TOKAMAX
-  return GemmBackend.RAGGED_DOT if platform.name == "tpu" or vmapped else GemmBackend.TILED
+  return GemmBackend.RAGGED_DOT if platform.name == "tpu" else GemmBackend.TILED
 
 
 def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float) -> None:

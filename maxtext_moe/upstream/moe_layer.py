@@ -49,8 +49,7 @@ def resolved_kinds(cfg: Any) -> tuple[DispatchKind, GemmBackend]:
     cfg.moe_dispatch, ep=ep, platform=detect_platform(), capacity_factor=cf, axis_sizes=sizes,
     num_experts=int(cfg.num_experts),
   )  # fmt: skip
-  vmapped = bool(pipeline.vmapped_axes(cfg))  # inside pipeline stages, while the layer is traced
-  return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform(), vmapped=vmapped)
+  return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
 
 
 def settings_from_config(cfg: Any) -> MoESettings:
