@@ -110,10 +110,9 @@ class TrainerPatches:
 
   def loss_fn(self, model, config, data, dropout_rng, params, sparsity_state=None, is_train=True):
     """MaxText's loss, which also sends the block's per-step stats to the run's channel."""
-    loss, aux = original(train, "loss_fn")(
+    loss, aux = pipeline.folded_loss_fn(
       model, config, data, dropout_rng, params, sparsity_state=sparsity_state, is_train=is_train
     )
-    aux = pipeline.fold_aux(aux, self.config)
     if is_train and self.config.fault_nan_loss_steps:
       poison = io_callback(self.poison, jax.ShapeDtypeStruct((), jnp.float32), ordered=False)
       loss = loss * (1 + poison.astype(loss.dtype))  # NaN in the loss and, through it, in every gradient
