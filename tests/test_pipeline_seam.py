@@ -126,6 +126,78 @@ def test_stage_axis_is_vmapped_inside_the_pipeline_only():
   assert pipeline.vmapped_axes(_cfg(using_pipeline_parallelism=False)) == ()
 
 
+def test_mtp_block_runs_with_the_stage_axis_as_data(monkeypatch):
+  """With stages, MaxText's multi-token prediction block (after the decoder, outside the pipeline) runs
+  under the rules of the layers outside the pipeline: `stage` splits its tokens like `data`."""
+  from maxtext.layers import multi_token_prediction as mt_mtp
+
+  seen = []
+
+  def probe(module, *args, **kwargs):
+    rules = dict(nn.partitioning.get_axis_rules())
+    seen.append((tuple(rules["activation_batch"]), pipeline.vmapped_axes(module.config), args, kwargs))
+    return "out"
+
+  monkeypatch.setattr(mt_mtp.MultiTokenPredictionBlock, "__call__", probe)
+  rules = (("activation_batch", ("data", "fsdp")), ("activation_stage", "stage"))
+  block = types.SimpleNamespace(config=_cfg(logical_axis_rules=rules))
+  with nn.partitioning.axis_rules(rules):
+    assert pipeline.mtp_call(block, 1, x=2) == "out"
+    block.config = _cfg(logical_axis_rules=rules, using_pipeline_parallelism=False)
+    assert pipeline.mtp_call(block, 1, x=2) == "out"
+  assert seen == [(("stage", "data", "fsdp"), (), (1,), {"x": 2}), (("data", "fsdp"), (), (1,), {"x": 2})]
+
+
+class _Layer(nnx.Module):
+  """A layer with what MaxText's decoder layers have: a config, parameters, a sown intermediate."""
+
+  def __init__(self, config, *, rngs):
+    self.config = config
+    self.w = nnx.Param(jax.random.normal(rngs.params(), (4, 4)))
+
+  def __call__(self, x, scale, deterministic, model_mode):
+    assert deterministic is True and model_mode == "train"
+    y = jnp.tanh(x @ self.w[...]) * scale
+    self.sow(nnx.Intermediate, "seen", jnp.sum(y))
+    return y
+
+
+def _stage_cfg(policy):
+  return types.SimpleNamespace(remat_policy=policy, scan_layers=True, gradient_accumulation_steps=1, hardware="cpu")
+
+
+@pytest.mark.parametrize("policy", ["full", "minimal"])
+def test_a_stage_layer_rematted_on_its_own_computes_what_it_did(policy):
+  """`stage_remat.rematted`: one subclass per layer class, the same parameter tree, the same output,
+  gradients and sown values, and a checkpoint of its own with MaxText's per-layer policy (none saved
+  under full remat) around a call whose input is named for the pipeline's policy."""
+  from maxtext_moe.upstream import stage_remat
+
+  sub = stage_remat.rematted(_Layer)
+  assert stage_remat.rematted(_Layer) is sub and issubclass(sub, _Layer) and sub.__name__ == "_Layer"
+  cfg = _stage_cfg(policy)
+  plain, checked = _Layer(cfg, rngs=nnx.Rngs(0)), sub(cfg, rngs=nnx.Rngs(0))
+  assert jax.tree.structure(nnx.state(plain)) == jax.tree.structure(nnx.state(checked))
+  x, scale = jnp.arange(8.0).reshape(2, 4) / 8, jnp.float32(1.5)
+
+  def loss(layer, x):
+    return jnp.sum(layer(x, scale, True, "train") ** 2)
+
+  (want, want_grads), (got, got_grads) = (nnx.value_and_grad(loss, argnums=(0, 1))(m, x) for m in (plain, checked))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  sown = [nnx.state(m, nnx.Intermediate)["seen"][0] for m in (plain, checked)]
+  np.testing.assert_allclose(sown[1], sown[0], rtol=1e-6)
+
+  jaxpr = str(
+    jax.make_jaxpr(lambda s, x: nnx.merge(nnx.graphdef(checked), s)(x, scale, True, "train"))(nnx.state(checked), x)
+  )
+  named, remat = jaxpr.find(f"name[name={stage_remat.LAYER_INPUT}]"), jaxpr.find("remat2[")
+  assert 0 <= named < remat and jaxpr.count("remat2[") == 1, jaxpr
+  assert ("policy=None" in jaxpr) == (policy == "full") == (stage_remat.layer_policy(cfg) is None), jaxpr
+
+
 @pytest.mark.ci  # two compiles, about 33 s on 2 cores: the pipeline's training tests (ci) cover it end to end
 @pytest.mark.parametrize("ep", [1, 2])
 def test_block_under_the_stages_vmap_matches_each_stage_alone(ep):

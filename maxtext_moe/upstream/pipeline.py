@@ -25,12 +25,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 from flax import nnx
 from maxtext.layers import moe as mt_moe
+from maxtext.layers import multi_token_prediction as mt_mtp
 from maxtext.trainers.pre_train import train
 from maxtext.utils import pipeline_utils, sharding
 
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX, MAX_STATS
+from maxtext_moe.upstream import stage_remat
 from maxtext_moe.upstream.patches import Patch, original
 
 STAGE = "stage"  # MaxText's pipeline mesh axis, its stages' vmap `spmd_axis_name`
@@ -195,9 +198,28 @@ def find_gate_bias(module: Any) -> Any:
   return BiasView([b for _, b in sorted(found, key=lambda pb: _layer_key(pb[0]))]) if found else None
 
 
+def mtp_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+  """MaxText's `MultiTokenPredictionBlock.__call__`, with pipeline stages under the axis rules MaxText gives
+  the layers it runs outside the pipeline (`logical_axis_rules_pp_act_as_dp`: `stage` splits tokens like
+  `data`). The block runs after the decoder, outside the pipeline; under the plain rules its activations
+  were split over every batch axis but `stage`, so every stage ran the whole step's tokens through the MTP
+  layer and its output head (the 671B on 256 H100s: 1,974 GiB per GPU, the batch's logits gathered)."""
+  call = original(mt_mtp.MultiTokenPredictionBlock, "__call__")
+  cfg = module.config
+  if not getattr(cfg, "using_pipeline_parallelism", False):
+    return call(module, *args, **kwargs)
+  with nn.partitioning.axis_rules(sharding.logical_axis_rules_pp_act_as_dp(cfg.logical_axis_rules)):
+    return call(module, *args, **kwargs)
+
+
 def patches() -> list[Patch]:
-  """Where the model is built: the routing bias among a stage's weights."""
-  return [Patch(pipeline_utils, "is_static_param", is_static_param)]
+  """Where the model is built: the routing bias among a stage's weights; the multi-token prediction block
+  outside the pipeline split over the stages like data; a stage's layers rematerialized one by one."""
+  return [
+    Patch(pipeline_utils, "is_static_param", is_static_param),
+    Patch(mt_mtp.MultiTokenPredictionBlock, "__call__", mtp_call),
+    *stage_remat.patches(),
+  ]
 
 
 def trainer_patches() -> list[Patch]:
