@@ -386,7 +386,8 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
 
 def test_under_pipeline_stages_attention_stands_in_as_dot_product():
   """JAX's cuDNN attention (the stand-in for TE's) has no batching rule for MLA's value head (128) beside its
-  query head (192): under the stages' vmap the compile stands in dot_product, and says so."""
+  query head (192): under the stages' vmap the compile stands in dot_product, and says so. TE's NCCL EP does
+  not run under stages, so its stand-in (all_to_all at worst-case buffers) is not made there."""
   from maxtext_moe.gpu_compile.stand_ins import substitutions
   from maxtext_moe.upstream import recipe as recipes
 
@@ -395,8 +396,11 @@ def test_under_pipeline_stages_attention_stands_in_as_dot_product():
   extra, said = substitutions(r, te_available=False)
   assert "attention=dot_product" in extra and "attention=cudnn_flash_jax" not in extra
   assert any(line.startswith("attention=cudnn_flash_te under pipeline stages") for line in said), said
+  # the container's auto dispatch under stages is all_to_all at its own buffers, not te_ep's stand-in
+  assert not any(e.startswith(("moe_dispatch=", "moe_buffers=")) for e in extra), extra
   extra, _ = substitutions(recipes.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False)
   assert "attention=cudnn_flash_jax" in extra
+  assert "moe_dispatch=all_to_all" in extra and "moe_buffers=worst_case" in extra, extra
 
 
 def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):

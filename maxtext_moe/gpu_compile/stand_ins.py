@@ -35,7 +35,9 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     if quantized != "none":
       extra.append("moe_gemm_quantization=none")
       said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
-  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1:
+  stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
+  # Under pipeline stages the container's `auto` is all_to_all too (TE's NCCL EP is not vmapped over them)
+  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1 and stages == 1:
     ep_extra, ep_said = _te_ep_substitution(recipe, dispatch)
     extra, said = extra + ep_extra, said + ep_said
   if keys.plugin.offload in ("optimizer", "optimizer_params", "all"):
@@ -47,7 +49,6 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
-  stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
   if str(keys.maxtext["attention"]) == "cudnn_flash_te" and stages > 1:  # MoE with stages: DeepSeek's MLA only
     extra.append("attention=dot_product")
     said.append(
