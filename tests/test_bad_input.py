@@ -85,6 +85,11 @@ CASES = [
     ],
     "moe_dispatch=te_ep does not run inside pipeline stages (2)",
   ),
+  (
+    "pipeline_with_bounded_rounds",  # the default moe_buffers=bounded, expert parallelism inside the stages
+    ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2"],
+    "moe_buffers=bounded inside pipeline stages (2) with expert parallelism (2): under the stages' vmap",
+  ),
   ("te_ep_here", ["train", "moe_dispatch=te_ep", "ici_expert_parallelism=2"], "moe_dispatch=te_ep cannot run here:"),
   ("te_gemm_here", ["train", "moe_gemm_backend=te"], "moe_gemm_backend=te needs Transformer Engine on a GPU"),
   ("fp8_without_te", ["train", "moe_gemm_quantization=fp8"], "moe_gemm_quantization=fp8 needs moe_gemm_backend=te"),

@@ -36,7 +36,11 @@ STAGES = {  # case: (overrides, devices, per-device batch)
     2,
   ),
   "4_stages": (["ici_pipeline_parallelism=4", "pipeline_parallel_layers=4"], 4, 2),
-  "2_stages_ep2": (["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2"], 8, 1),
+  "2_stages_ep2": (
+    ["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2", "moe_buffers=worst_case"],
+    8,
+    1,
+  ),
 }
 
 

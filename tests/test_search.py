@@ -20,6 +20,8 @@ def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():
   assert {(c.ep, c.fsdp) for c in found} == {(1, 8), (2, 4), (4, 2), (8, 1)}
   assert {(c.dcn_fsdp, c.dcn_data) for c in found} == {(1, 2), (2, 1)}
   assert {c.remat for c in found} == set(candidates.REMATS) and len(found) == 4 * 2 * len(candidates.REMATS)
+  many = search.layouts(hardware.GPUS["h100"], 8, 128)  # FSDP over half the nodes x data 2 besides
+  assert {(c.dcn_fsdp, c.dcn_data) for c in many if c.stages == 1} == {(1, 8), (8, 1), (2, 4), (4, 2)}
 
 
 def test_nvl72_candidates_fill_a_rack_with_whole_nodes():

@@ -2,7 +2,7 @@
 trays) and across domains:
 - EP x FSDP inside a domain: every split whose EP divides the experts;
 - across domains: data parallel (each domain a replica: what fits one domain fits N), FSDP over all of
-  them, or FSDP 2 x data parallel the rest;
+  them, FSDP 2 x data parallel the rest, or (over more than 4 domains) FSDP over half of them x data 2;
 - for a DeepSeek decoder, pipeline stages across domains as well (2, 4 or 8 where they divide the domains
   and the MoE layers allow), the domains left over laid out as above; each pipelines the largest multiple
   of the stages among the MoE layers (`pipeline_parallel_layers`; the rest run before the pipeline, MaxText's
@@ -79,7 +79,7 @@ class Layout:
     if self.stages > 1:
       out += ["ici_pipeline_parallelism=1", f"dcn_pipeline_parallelism={self.stages}"]
       out += [f"pipeline_parallel_layers={self.pipelined}", f"num_layers_per_pipeline_stage={self.per_stage}"]
-      out += [f"num_pipeline_microbatches={self.microbatches}"]
+      out += [f"num_pipeline_microbatches={self.microbatches}", "moe_buffers=worst_case"]  # config/checks.py
     out += [*REMATS[self.remat], f"per_device_batch_size={self.batch}", f"offload={self.offload}"]
     return out
 
@@ -103,12 +103,16 @@ def _divisors(n: int) -> list[int]:
 
 
 def _across(domains: int) -> list[tuple[int, int]]:
-  """(FSDP, data) degrees over `domains` NVLink domains: data, FSDP over all, FSDP 2 x data the rest."""
+  """(FSDP, data) degrees over `domains` NVLink domains: data, FSDP over all, FSDP 2 x data the rest, and
+  FSDP over half x data 2 (where FSDP over all no longer divides the model's narrowest split weights:
+  DeepSeek-V3's 512-wide latent on 1,024 GPUs)."""
   out = [(1, domains)]
   if domains > 1:
     out.append((domains, 1))
   if domains > 2 and domains % 2 == 0:
     out.append((2, domains // 2))
+  if domains > 4 and domains % 2 == 0:
+    out.append((domains // 2, 2))
   return out
 
 
