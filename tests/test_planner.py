@@ -157,6 +157,16 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
     assert result.base.fits, result.table()
 
 
+@pytest.mark.parametrize(
+  ("recipe", "nodes"), [("h100x8/deepseek3-671b", 16), ("h100x8/deepseek3-671b", 64), ("h200x8/deepseek3-671b", 64)]
+)
+def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes):
+  """FSDP over all the nodes keeps TE's NCCL EP at any node count: with FSDP 32 x data the rest, the data
+  axis made `auto` all_to_all, which at EP 2 did not fit 64 nodes (90.6 GiB per H100, 135.5 per H200)."""
+  result = memory_plan(recipe, [f"nodes={nodes}"])
+  assert result.num_devices == 8 * nodes and result.dispatch == "te_ep" and result.base.fits, result.table()
+
+
 def test_the_custom_remat_policys_placements_are_read_from_maxtexts_enums():
   """MaxText's RematLocation prints as 'RematLocation.OFFLOAD': read by name, no tensor was counted, and
   the planner said our dropless gb300x128 recipe fit (178.6 GiB) at NVIDIA's published remat when its saved
