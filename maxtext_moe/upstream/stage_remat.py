@@ -30,7 +30,6 @@ from maxtext_moe.upstream.patches import Patch, original
 LAYER_INPUT = "decoder_layer_input"  # a name MaxText's pipeline policy saves (`get_pipeline_remat_policy`)
 
 _REMATTED: dict[type, type] = {}  # upstream layer class -> its subclass with the checkpoint
-_UPSTREAM: dict[type, type] = {}  # and back
 
 
 class _PolicyReader:
@@ -50,7 +49,7 @@ def layer_policy(cfg: Any) -> Any:
 def _checkpointed_call(layer: Any, inputs: jax.Array, *args: Any, **kwargs: Any) -> Any:
   """The upstream layer's `__call__` as one `jax.checkpoint`, its state threaded through as MaxText's
   `_apply_layer_with_remat` threads it."""
-  upstream = _UPSTREAM[type(layer)]
+  (upstream,) = type(layer).__bases__  # the class `rematted` subclassed
   graphdef, state = nnx.split(layer)
 
   def pure(state_in: Any, x: jax.Array) -> tuple[Any, Any]:
@@ -71,7 +70,7 @@ def rematted(cls: type) -> type:
   if cls not in _REMATTED:
     sub = types.new_class(cls.__name__, (cls,), exec_body=lambda ns: ns.update(__call__=_checkpointed_call))
     sub.__module__, sub.__qualname__ = cls.__module__, cls.__qualname__
-    _REMATTED[cls], _UPSTREAM[sub] = sub, cls
+    _REMATTED[cls] = sub
   return _REMATTED[cls]
 
 
