@@ -1,5 +1,6 @@
 """Test setup: 8 fake CPU devices before JAX is imported, so FSDP and expert-parallel meshes exist."""
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,30 @@ def run_cli(args: list[str], *, cwd: Path, devices: int = 1, timeout: int = 600)
   return subprocess.run(
     [sys.executable, "-m", "maxtext_moe", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
   )
+
+
+def quiet_env() -> dict[str, str]:
+  """A user's environment on a CPU machine: no JAX_PLATFORMS or XLA_FLAGS (this conftest sets both)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  return env | {"PYTHONUNBUFFERED": "1"}
+
+
+def compile_report(
+  args: list[str], *, cwd: Path, python: Path | str = sys.executable, timeout: int | None = 1500
+) -> dict:
+  """`python -m maxtext_moe ARGS` for a `compile ... --json` as a user runs it on a CPU machine (`quiet_env`):
+  its report, the command's success asserted."""
+  r = subprocess.run(
+    [str(python), "-m", "maxtext_moe", *args],
+    cwd=cwd,
+    env=quiet_env(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
+  assert r.returncode == 0, r.stderr[-4000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

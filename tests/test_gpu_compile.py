@@ -2,26 +2,18 @@
 at its full device count, one whole GPU recipe's step compiled and read, and a CPU machine that has the
 plugin staying quiet. Full-size compiles of every GPU recipe are `bench plan --gpu`, not tests."""
 
-import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, compile_report, quiet_env, run_cli
 from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.config import hardware
 from maxtext_moe.gpu_compile import hlo
 from maxtext_moe.gpu_compile.command import plugin_installed
 
 needs_plugin = pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
-
-
-def _quiet_env() -> dict[str, str]:
-  """A user's environment on a CPU machine: no JAX_PLATFORMS (the tests' conftest sets one)."""
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-  return env | {"PYTHONUNBUFFERED": "1"}
 
 
 @needs_plugin
@@ -261,17 +253,7 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1"]  # the layout this test was written for
   args += ["first_num_dense_layers=1", "offload=activations", "moe_buffers=bounded"]
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
-  r = subprocess.run(
-    [sys.executable, "-m", "maxtext_moe", *args],
-    cwd=tmp_path,
-    env=_quiet_env(),
-    capture_output=True,
-    text=True,
-    timeout=1500,
-    check=False,
-  )
-  assert r.returncode == 0, r.stderr[-4000:]
-  report = json.loads(r.stdout.strip().splitlines()[-1])
+  report = compile_report(args, cwd=tmp_path)
   assert report["platform"] == "cuda" and report["gpu"] == "h200" and report["devices"] == 8
   assert report["layout"] == {"expert": 8}
   kinds = {(row["kind"], row["group_size"]) for row in report["collectives"].values()}
@@ -305,7 +287,7 @@ def test_compile_refuses_what_it_cannot_compile_in_one_line(tmp_path):
 def test_a_cpu_machine_with_the_plugin_prints_no_cuda_noise(tmp_path):
   """The plugin for `compile` beside a CPU-only machine's default run: `train`, `plan` and `doctor` as a user
   runs them (no JAX_PLATFORMS) print no CUDA traceback or warning."""
-  env = _quiet_env()
+  env = quiet_env()
   for args in (
     ["doctor"],
     ["plan", "h200x8/deepseek3-proxy-16b"],
@@ -433,16 +415,7 @@ def test_fp8_container_program_compiles_with_tes_grouped_gemm_and_nccl_ep(tmp_pa
   args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1", "remat_policy=full"]  # as written for
   args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024"]
   args += [f"moe_gemm_quantization={quantization}", "--json"]
-  r = subprocess.run(
-    [str(TE_PYTHON), "-m", "maxtext_moe", *args],
-    cwd=tmp_path,
-    env=_quiet_env(),
-    capture_output=True,
-    text=True,
-    check=False,
-  )
-  assert r.returncode == 0, r.stderr[-4000:]
-  report = json.loads(r.stdout.strip().splitlines()[-1])
+  report = compile_report(args, cwd=tmp_path, python=TE_PYTHON, timeout=None)
   assert report["gemm_formats"].get(f"te_grouped_gemm {quantization}", 0) == 24, report["gemm_formats"]
   assert "mosaic_gpu" not in report["gemms"], report["gemms"]
   assert report["host_syncs_per_step"] == 0 and report["conditionals"] == 0, report

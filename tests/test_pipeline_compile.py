@@ -8,13 +8,9 @@ over the 8 GPUs here, one GPU's share of the logits being 0.5 GiB; 1,974 GiB per
 stages on 256 H100s). `upstream/pipeline.py` runs the block under the rules MaxText gives the layers it
 runs before the pipeline, where the stage axis splits tokens like data."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from conftest import compile_report
 from maxtext_moe.gpu_compile.command import plugin_installed
 
 pytestmark = pytest.mark.ci  # one XLA:GPU compile, about 2 minutes on 2 cores
@@ -36,17 +32,7 @@ STAGES = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_pa
 @pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
 def test_pipelined_step_keeps_the_mtp_layer_split_over_the_stages(tmp_path):
   args = ["compile", "h100x8/deepseek3-proxy-16b", *SMALL, *STAGES, "num_layers_per_pipeline_stage=2", "--json"]
-  r = subprocess.run(
-    [sys.executable, "-m", "maxtext_moe", *args],
-    cwd=tmp_path,
-    env={k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")},
-    capture_output=True,
-    text=True,
-    timeout=1500,
-    check=False,
-  )
-  assert r.returncode == 0, r.stderr[-4000:]
-  report = json.loads(r.stdout.strip().splitlines()[-1])
+  report = compile_report(args, cwd=tmp_path)
   assert report["layout"] == {"stage": 2, "fsdp": 2, "expert": 2}
   share = BATCH * LENGTH * VOCAB * 2  # one GPU's bf16 logits
   across = {k: row["bytes"] for k, row in report["collectives"].items() if row["group_size"] == 8}
