@@ -132,6 +132,17 @@ def _bias_updates(layer: Any, top_k_indices):
   )
 
 
+def _compute_weights(layer: Any, kernels: tuple, dtype: Any) -> tuple:
+  """The experts' kernels in the compute dtype, cast where they are stored: each keeps its stored sharding
+  (MaxText's kernel axes), so the block's FSDP all-gather moves compute-dtype bytes. Without the constraint
+  XLA is free to gather the float32 kernel and cast after; it does when MaxText's parameter offload moves the
+  kernels onto the device inside the step (an all-gather of twice the bytes, and float32 copies of a layer's
+  gathered experts at the backward's peak: h100x8/deepseek3-671b, +14 GiB per GPU)."""
+  w0, w1, wo = kernels
+  axes = (layer.wi_kernel_axes, layer.wi_kernel_axes, layer.wo_kernel_axes)
+  return tuple(layer._maybe_shard_with_logical(w.astype(dtype), a) for w, a in zip((w0, w1, wo), axes, strict=True))  # pylint: disable=protected-access
+
+
 def dropless_sparse_matmul(
   self,
   inputs,
@@ -171,7 +182,7 @@ def dropless_sparse_matmul(
     inputs.reshape(b * s, d),
     ids_TK.reshape(b * s, k).astype(jnp.int32),
     weights_TK.reshape(b * s, k).astype(inputs.dtype),
-    *(w.astype(inputs.dtype) for w in (w0_kernel, w1_kernel, wo_kernel)),
+    *_compute_weights(self, (w0_kernel, w1_kernel, wo_kernel), inputs.dtype),
     mesh=self.mesh,
     expert_axis=mesh_axes.EXPERT if ep > 1 else None,
     settings=settings_from_config(self.config),
