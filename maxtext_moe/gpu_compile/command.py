@@ -105,6 +105,9 @@ def _resolve(
   if dump_to is not None:
     dump = [f"--xla_dump_to={dump_to}", "--xla_dump_hlo_as_text=true", "--xla_dump_hlo_module_re=jit_train_step"]
     recipe.flags.add_flags(dump)
+  # As many CPU devices as GPUs, before the CPU backend starts (resolving starts it): a step whose state
+  # MaxText keeps on the host is lowered over them (`upstream.compile.lowering_mesh`); XLA:GPU ignores it.
+  recipe.flags.add_flags([f"--xla_force_host_platform_device_count={target.devices}"])
   flags.probe(recipe.flags.xla_flags)
   os.environ["JAX_PLATFORMS"] = "cpu"  # the compile-only GPU devices come from the plugin, not a backend
   environment.apply(recipe.flags)
@@ -169,10 +172,12 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
     devices_per_host=1,
   )  # fmt: skip
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
+  # State MaxText keeps on the host stays there in the program, as on the GPUs (`upstream.compile`)
+  lower_on = upstream_compile.lowering_mesh(mesh) if upstream_compile.holds_state_on_host(cfg) else None
   start, handles = time.monotonic(), {}
   try:
     with _for_target(target, te_available=te_available, handles=handles):
-      compiled = upstream_compile.compile_train_step(cfg, mesh=mesh)
+      compiled = upstream_compile.compile_train_step(cfg, mesh=mesh, lower_on=lower_on)
   except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
     _compiler_failed(e, hlo_dir)
   report = compile_report.build(

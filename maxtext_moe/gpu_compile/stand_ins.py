@@ -40,13 +40,6 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
   if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1 and stages == 1:
     ep_extra, ep_said = _te_ep_substitution(recipe, dispatch)
     extra, said = extra + ep_extra, said + ep_said
-  if keys.plugin.offload in ("optimizer", "optimizer_params", "all"):
-    said.append(
-      f"offload={keys.plugin.offload}: XLA:GPU's compile-only devices have no host memory space, so JAX 0.12 drops "
-      "every pinned_host placement of the state (a NamedSharding's memory_kind becomes None) and the offloaded "
-      "state is counted on the device here; `fits` subtracts the planner's offloaded state (activations the "
-      "remat policy offloads do move: host_transfers)"
-    )
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
   if str(keys.maxtext["attention"]) == "cudnn_flash_te" and stages > 1:  # MoE with stages: DeepSeek's MLA only

@@ -10,6 +10,11 @@ devices or for GPUs that are not there.
   jax-cuda12 plugin and a target description) and MaxText's mesh over them, grouped into partitions the
   way a real cluster reports them (see `topology_mesh`).
 - `lowered_train_step`: the step lowered for any platform with `jax.export` (the offload tests).
+- `holds_state_on_host` / `compile_train_step(..., lower_on=...)`: a step whose train state MaxText keeps in
+  host memory (`optimizer_memory_host_offload`, `parameter_memory_host_offload`) is lowered over CPU devices
+  of the same mesh shape, which have a host memory space (the compile-only GPU devices have none, and JAX
+  drops a sharding's `pinned_host` there), for CUDA, and that module is compiled by the compile-only GPU
+  client: the program holds the state in host memory and moves it as a GPU run's does.
 """
 
 import contextlib
@@ -87,11 +92,20 @@ def _on(mesh: Any | None) -> Iterator[None]:
     yield
 
 
-def compile_train_step(cfg: Any, *, mesh: Any | None = None) -> Any:
+def holds_state_on_host(cfg: Any) -> bool:
+  """Whether MaxText keeps part of the train state in host memory between steps (its offload keys)."""
+  return bool(cfg.optimizer_memory_host_offload or cfg.parameter_memory_host_offload)
+
+
+def compile_train_step(cfg: Any, *, mesh: Any | None = None, lower_on: Any | None = None) -> Any:
   """The compiled train step (`jax.stages.Compiled`) of a resolved config (HyperParameters), with our
-  model patches, on `mesh` (default: MaxText's mesh over the visible devices)."""
+  model patches, on `mesh` (default: MaxText's mesh over the visible devices). With `lower_on` (a mesh of
+  CPU devices shaped as `mesh`, `lowering_mesh`) the step is lowered there for CUDA and compiled for
+  `mesh`'s compile-only GPUs (`HostStateProgram`): the state MaxText offloads stays in host memory."""
   with installed([*model_patches(cfg), *pipeline.step_patches()]), moe_layer.te_guard(), _on(mesh):
     moe_layer.prepare_te_ep(cfg)  # TE's NCCL EP, as `train` bootstraps it (a compile's: `upstream.te_target`)
+    if lower_on is not None:
+      return _compiled_from_cpu_lowering(cfg, mesh, lower_on)
     s = _train_step(cfg)
     rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
     # Compiled inside the mesh, as MaxText's train loop compiles its step (train_compile lowers inside it
@@ -99,6 +113,68 @@ def compile_train_step(cfg: Any, *, mesh: Any | None = None) -> Any:
     shardings = (s.in_shardings, s.out_shardings, s.static_argnums, s.donate_argnums)
     with jax.set_mesh(s.mesh):
       return train_compile.jit_and_compile(s.func, s.args, s.kwargs, s.mesh, *shardings, cfg, rules)
+
+
+def lowering_mesh(mesh: Any) -> Any:
+  """A mesh of this process's CPU devices shaped and named as `mesh` (compile-only GPU devices): device i of
+  `mesh.devices.flat` and of the result stand for the same GPU. One line when there are too few (the CPU
+  backend started before `--xla_force_host_platform_device_count` was set)."""
+  from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
+
+  cpus = jax.devices("cpu")
+  if len(cpus) < mesh.devices.size:
+    raise RuntimeError(
+      f"lowering the train step with its state in host memory needs {mesh.devices.size} CPU devices and this "
+      f"process has {len(cpus)}: set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.devices.size} "
+      "before JAX starts"
+    )
+  devices = np.array(cpus[: mesh.devices.size]).reshape(mesh.devices.shape)
+  return Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStateProgram:
+  """The compiled step of `compile_train_step(..., lower_on=...)`: what the report reads of a
+  `jax.stages.Compiled` (`memory_analysis()`, `as_text()`), from XLA's executable."""
+
+  executable: Any
+
+  def memory_analysis(self) -> Any:
+    return self.executable.get_compiled_memory_stats()
+
+  def as_text(self) -> str:
+    return self.executable.hlo_modules()[0].to_string()
+
+
+def _compiled_from_cpu_lowering(cfg: Any, mesh: Any, cpu_mesh: Any) -> HostStateProgram:
+  """MaxText's train step traced over `cpu_mesh` (whose devices have host memory, so the state's
+  `pinned_host` shardings and MaxText's moves of it to the device are lowered, as on a GPU), lowered for
+  CUDA, and compiled by the compile-only client of `mesh`'s GPUs, each standing where its CPU device stood.
+  JAX's own compile options, as it builds them for a mesh of that many devices."""
+  from jax._src import compiler  # pylint: disable=import-outside-toplevel
+  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+
+  answer = Patch(maxtext_utils, "get_mesh_from_config", lambda config, devices=None: cpu_mesh)
+  with installed([answer]):
+    s = _train_step(cfg)
+  rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
+  with jax.set_mesh(s.mesh), rules:
+    jitted = jax.jit(
+      s.func,
+      in_shardings=s.in_shardings,
+      out_shardings=s.out_shardings,
+      static_argnums=s.static_argnums,
+      donate_argnums=s.donate_argnums,
+    )
+    module = jitted.trace(*s.args, **s.kwargs).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+  gpus = list(mesh.devices.flat)  # the lowering's device assignment is cpu_mesh's devices in this order
+  options = compiler.get_compile_options(
+    num_replicas=1, num_partitions=len(gpus), device_assignment=np.array(gpus).reshape(1, -1)
+  )
+  with jax.set_mesh(s.mesh):  # TE EP's partitioning callbacks read it while XLA compiles
+    devices = pxla._create_device_list(tuple(gpus))  # pylint: disable=protected-access  # JAX's own, as jit's
+    executable = gpus[0].client.compile(module, executable_devices=devices, compile_options=options)
+  return HostStateProgram(executable)
 
 
 def memory(compiled: Any) -> dict[str, int]:
