@@ -121,10 +121,17 @@ def test_671b_rack_fits_and_reports_every_component():
     "verdict: FITS",
   ):
     assert row in table, row
-  # Adam state and parameters are on the Grace host (offload: optimizer_params): 2 fp32 moments and the fp32
-  # parameters of ~685B params over 64 GPUs.
-  assert result.base.optimizer == 0 and result.base.params == 0
-  assert 100 * 2**30 < result.base.host == result.base.host_state < 130 * 2**30
+  # Adam state and parameters live on the Grace host between steps (offload: optimizer_params): 2 fp32
+  # moments and the fp32 parameters of ~685B params over 64 GPUs. MaxText's train step brings the parameters
+  # back to the device for the step, and each stacked leaf's moments for the update, whose peak (the
+  # parameters, the gradients and one expert matrix's 5 float32 copies: its moments in, its parameter and
+  # moments out) is this rack's: 143.0 GiB against XLA:GPU's 143.2 for the program with the state on the host.
+  e = result.base
+  assert e.optimizer == 0 and e.params_from_host and e.params == e.grads  # float32 both
+  assert 100 * 2**30 < e.host == e.host_state < 130 * 2**30 and e.host_state == 3 * e.params
+  expert_matrix = 58 * (256 // 8) * (7168 // 8) * 2048 * 4  # one stacked expert matrix per GPU, float32
+  assert e.update_phase == e.params + e.grads + 5 * expert_matrix == e.device_total > e.step_total
+  assert "optimizer update (its state from the host)" in table
   flops_per_token = result.base.tflops_per_step * 1e12 / result.base.tokens_per_step
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention
 
@@ -158,13 +165,17 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
 
 
 @pytest.mark.parametrize(
-  ("recipe", "nodes"), [("h100x8/deepseek3-671b", 16), ("h100x8/deepseek3-671b", 64), ("h200x8/deepseek3-671b", 64)]
+  ("recipe", "nodes", "fits"),
+  [("h100x8/deepseek3-671b", 16, False), ("h100x8/deepseek3-671b", 64, True), ("h200x8/deepseek3-671b", 64, True)],
 )
-def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes):
+def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, fits):
   """FSDP over all the nodes keeps TE's NCCL EP at any node count: with FSDP 32 x data the rest, the data
-  axis made `auto` all_to_all, which at EP 2 did not fit 64 nodes (90.6 GiB per H100, 135.5 per H200)."""
+  axis made `auto` all_to_all, which at EP 2 did not fit 64 nodes (90.6 GiB per H100, 135.5 per H200).
+  16 H100 nodes do not fit (75.8 GiB by the planner), as the recipe says: they hold twice the parameters
+  that MaxText's step brings back to the device."""
   result = memory_plan(recipe, [f"nodes={nodes}"])
-  assert result.num_devices == 8 * nodes and result.dispatch == "te_ep" and result.base.fits, result.table()
+  assert result.num_devices == 8 * nodes and result.dispatch == "te_ep", result.table()
+  assert result.base.fits == fits, result.table()
 
 
 def test_the_custom_remat_policys_placements_are_read_from_maxtexts_enums():

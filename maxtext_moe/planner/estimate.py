@@ -6,8 +6,11 @@ fixes with it).
 The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim, F = expert hidden dim):
 
   state        parameters (weight_dtype) + Adam's two moments (mu_dtype), each leaf divided by the mesh axes
-               its logical names resolve to (MaxText's logical_axis_rules, flax's resolution), minus what
-               offload puts on the host
+               its logical names resolve to (MaxText's logical_axis_rules, flax's resolution), minus the
+               optimizer state offload puts on the host. Offloaded parameters are on the device during the
+               step all the same: MaxText's train step moves every parameter to the device before the
+               forward pass (`train_step`, parameter_memory_host_offload) and XLA:GPU keeps each stacked
+               leaf there whole until the update; what the offload saves is their re-laid-out copy
   grads        one grad_dtype copy of the sharded parameters
   scan copy    with param_scan_axis != 0 the stacked layer weights are re-laid out layer-major once for the
                scanned backward (seen in XLA's buffer assignment; MaxText's param_scan_axis=0 avoids it)
@@ -15,6 +18,12 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                each tensor MaxText names that the layer's backward needs, where the config puts it (attention's
                projections and output, the MLP's gated inputs, the experts' GEMM outputs); on the host when
                offloaded
+  update       with the optimizer state on the host, MaxText's train step moves it to the device for the
+               update (`train_step`, optimizer_memory_host_offload) and XLA:GPU brings each stacked leaf
+               in whole: the parameters and gradients, and for the leaf being updated its two moments in
+               and its parameter and two moments out (5 of the largest leaf; read off the live sets of the
+               compiled gb200-nvl72, h100x8 and qwen3 recipes). The step's peak is the larger of this and
+               the rest
   peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
                (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
@@ -89,6 +98,10 @@ class Estimate:
   tflops_per_step: float
   tokens_per_step: int
   fp8_copies: int = 0  # a layer's backward: the quantized copies of the dense GEMMs' operands (FP8 dense)
+  step_total: int = 0  # the forward and backward's peak (parameters, state on the device, gradients, saved
+  # activations and the larger of the loss and layer phases)
+  update_phase: int = 0  # the optimizer update's, when its state is on the host (0 otherwise)
+  params_from_host: bool = False  # `params` is the step's copy of parameters kept on the host
   host_state: int = 0  # of `host`: the optimizer state and parameters offload puts there (no activations)
   stages: int = 1  # pipeline stages (`stages.py`); the terms below are 0 without them
   microbatches: int = 0
@@ -106,6 +119,47 @@ class Estimate:
     host_ok = self.host_capacity is None or self.host <= self.host_capacity
     return device_ok and host_ok
 
+  def schedule_rows(self) -> list[str]:
+    """The plan table's pipeline schedule, and whose backward the layer phase is (`stages.py`)."""
+    if self.stages <= 1:
+      return []
+    return [
+      f"  pipeline: {self.stages} stages, {self.microbatches} microbatches of {self.microbatch_tokens:,} tokens "
+      f"per device, {self.iterations} iterations ({self.pipeline_bubble:.1%} of them the bubble's); layer phase: "
+      f"a layer {self.peak_layer}",
+    ]
+
+  def phase_rows(self) -> list[str]:
+    """The plan table's two phases whose larger is the peak, when the optimizer state is on the host."""
+    if not self.update_phase:
+      return []
+    rows = (
+      ("forward and backward", self.step_total),
+      ("optimizer update (its state from the host)", self.update_phase),
+    )
+    return [f"  {name:<44}{n / GIB:>10,.1f}" for name, n in rows]
+
+
+def _opt_slots(cfg: Any) -> int:
+  """Adam's moments per parameter (0 for an optimizer without state)."""
+  return 2 if str(cfg.opt_type).lower().endswith(("adamw", "adam_pax")) else 0
+
+
+def _stored(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> list:
+  """[(elements per device, scanned)] of each parameter leaf (`stages.stored_elements`)."""
+  out = []
+  for path, shape, names in leaves:
+    if path[0] != "params":
+      continue
+    n = stages.stored_elements(shape, names, rules, sizes, pipe)
+    scanned = any(name in ("layers", "dense_layers", "moe_layers") for name in names)
+    out.append(
+      (n, n if pipe is None or pipe.stack not in names else n * pipe.outside // pipe.stored_layers())
+      if scanned
+      else (n, 0)
+    )
+  return out
+
 
 def _state_bytes(
   cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None = None
@@ -115,17 +169,18 @@ def _state_bytes(
   layers (no re-laid-out copy)."""
   w_b, g_b = dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.grad_dtype)
   mu_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype)
-  param_elems = scanned_elems = 0
-  for path, shape, names in leaves:
-    if path[0] != "params":
-      continue
-    n = stages.stored_elements(shape, names, rules, sizes, pipe)
-    param_elems += n
-    if any(name in ("layers", "dense_layers", "moe_layers") for name in names):
-      scanned_elems += n if pipe is None or pipe.stack not in names else n * pipe.outside // pipe.stored_layers()
-  opt_slots = 2 if str(cfg.opt_type).lower().endswith(("adamw", "adam_pax")) else 0
+  stored = _stored(cfg, leaves, rules, sizes, pipe)
+  param_elems, scanned_elems = sum(n for n, _ in stored), sum(s for _, s in stored)
   scan_copy = scanned_elems * w_b if int(cfg.param_scan_axis) != 0 and cfg.scan_layers else 0
-  return param_elems * w_b, param_elems * mu_b * opt_slots, param_elems * g_b, scan_copy
+  return param_elems * w_b, param_elems * mu_b * _opt_slots(cfg), param_elems * g_b, scan_copy
+
+
+def update_in_flight(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> int:
+  """Bytes per device of the update's in-flight leaf when the optimizer state is on the host: the largest
+  leaf's moments brought in, and its new parameter and moments written (see the module docstring)."""
+  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
+  mu_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype)
+  return largest * (2 * _opt_slots(cfg) * mu_b + dtype_bytes(cfg.weight_dtype))
 
 
 def batch_tokens(cfg: Any, sizes: dict[str, int], rules: list, num_devices: int) -> int:
@@ -160,7 +215,7 @@ def estimate(
   sizes = mesh_sizes(cfg, num_devices)
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
   d_b, pipe = dtype_bytes(cfg.dtype), stages.Stages.of(cfg)
-  params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
+  state = _state_fields(cfg, leaves, rules, sizes, pipe)
   tokens = batch_tokens(cfg, sizes, rules, num_devices)
   # Outside the pipeline (MaxText's `logical_axis_rules_pp_act_as_dp`, and the logits' batch rule) the
   # stage axis splits the batch like data.
@@ -180,14 +235,10 @@ def estimate(
     inside = piped.phase.total + piped.buffers > (outside.total if sum(layers) else 0)
     peak = piped.phase if inside else outside
   layer = layer_logits + peak.total + (piped.buffers if inside else 0)
-  opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
-  host_state = optimizer * opt_off + params * params_off
-  optimizer, params = optimizer * (not opt_off), params * (not params_off)
+  resident = state["params"] + state["optimizer"] + state["grads"] + state["scan_copy"]
+  step_total = resident + saved + max(logits_phase, layer)
   return Estimate(
-    params=params,
-    optimizer=optimizer,
-    grads=grads,
-    scan_copy=scan_copy,
+    **state,
     saved_activations=saved,
     logits_phase=logits_phase,
     layer_phase=layer,
@@ -197,15 +248,33 @@ def estimate(
     layer_weights=peak.weights,
     layer_activations=peak.activations,
     fp8_copies=peak.fp8,
-    host=saved_host + host_state,
-    device_total=params + optimizer + grads + scan_copy + saved + max(logits_phase, layer),
+    host=saved_host + state["host_state"],
+    device_total=max(step_total, state["update_phase"]),
     hbm=None if hbm_gib is None else int(hbm_gib * GIB),
     host_capacity=None if host_gib is None else int(host_gib * GIB),
     tflops_per_step=tflops,
     tokens_per_step=outside_tokens,
-    host_state=host_state,
+    step_total=step_total,
     **(_pipeline_fields(pipe, piped, inside=inside) if pipe else {}),
   )
+
+
+def _state_fields(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> dict:
+  """The estimate's state terms: parameters, Adam state (on the device), gradients, the re-laid-out copy,
+  what the offload keys put on the host, and the update phase when the optimizer state is there. Offloaded
+  parameters stay in `params`: MaxText's step brings them to the device (see the module docstring)."""
+  params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
+  opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
+  update = params + grads + update_in_flight(cfg, leaves, rules, sizes, pipe) if opt_off else 0
+  return {
+    "params": params,
+    "optimizer": optimizer * (not opt_off),
+    "grads": grads,
+    "scan_copy": scan_copy,
+    "host_state": optimizer * opt_off + params * params_off,
+    "update_phase": update,
+    "params_from_host": params_off,
+  }
 
 
 def _pipeline_fields(pipe: stages.Stages, piped: stages.PipelineMemory, *, inside: bool) -> dict:

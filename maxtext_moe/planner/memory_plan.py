@@ -63,10 +63,10 @@ class MemoryPlan:
       f"  global batch: {self.global_batch:,} sequences x {self.seq_len:,} = "
       f"{self.global_batch * self.seq_len:,} tokens per step",
       f"  tokens per device per step: {e.tokens_per_step:,}; MoE rows per device: {e.moe_rows:,}",
-      *_pipeline_lines(e),
+      *e.schedule_rows(),
       "",
       f"  {'per device':<44}{'GiB':>10}",
-      f"  {'parameters':<44}{_gib(e.params):>10}",
+      f"  {'parameters' + (' (from the host, for the step)' if e.params_from_host else ''):<44}{_gib(e.params):>10}",
       f"  {'optimizer state (Adam mu, nu)':<44}{_gib(e.optimizer):>10}",
       f"  {'gradients':<44}{_gib(e.grads):>10}",
       f"  {'scanned weights re-laid out for backward':<44}{_gib(e.scan_copy):>10}",
@@ -79,6 +79,7 @@ class MemoryPlan:
       f"  {'layer phase: residual-stream temporaries':<44}{_gib(e.layer_activations):>10}",
       *([f"  {'layer phase: FP8 copies (dense GEMMs)':<44}{_gib(e.fp8_copies):>10}"] if e.fp8_copies else []),
       *([f"  {'layer phase: pipeline loop buffers':<44}{_gib(e.pipeline_buffers):>10}"] if e.stages > 1 else []),
+      *e.phase_rows(),
       f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
       f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
       f"  {'host memory (offloaded)':<44}{_gib(e.host):>10}",
@@ -124,17 +125,6 @@ class MemoryPlan:
       "estimate": dataclasses.asdict(self.base),
       "fix": None if self.fix is None else {"kind": self.fix_kind, "overrides": self.fix.overrides},
     }
-
-
-def _pipeline_lines(e: Estimate) -> list[str]:
-  """The pipeline's schedule, and whose backward the layer phase is (`planner/stages.py`)."""
-  if e.stages <= 1:
-    return []
-  return [
-    f"  pipeline: {e.stages} stages, {e.microbatches} microbatches of {e.microbatch_tokens:,} tokens per device, "
-    f"{e.iterations} iterations ({e.pipeline_bubble:.1%} of them the bubble's); layer phase: a layer "
-    f"{e.peak_layer}",
-  ]
 
 
 def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:

@@ -81,11 +81,14 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
 
 
 def _offloaded_fits(ctx: Any, est: Any, level: int) -> bool:
-  """Whether `est` (an estimate, or `_state_floor`'s part of one) fits with OFFLOADS[level]: the optimizer
-  state, then the parameters (and the scanned weights' re-laid-out copy: the preset sets param_scan_axis=0)
-  move to the host; nothing else in the plan depends on the preset (`config/offload.py`)."""
+  """Whether `est` (an estimate, or `_state_floor`'s part of one) may fit with OFFLOADS[level]: the optimizer
+  state, then the parameters move to the host. The device keeps the parameters during the step (MaxText
+  moves them back for it, `planner/estimate.py`) and loses the optimizer state and, with the parameters
+  offloaded, the scanned weights' re-laid-out copy (the preset sets param_scan_axis=0); the update phase
+  the offloaded optimizer state adds is left out, so this is a floor. Nothing else in the plan depends on
+  the preset (`config/offload.py`)."""
   to_host = est.optimizer * (level >= 1) + est.params * (level >= 2)
-  device = est.device_total - to_host - est.scan_copy * (level >= 2)
+  device = est.device_total - est.optimizer * (level >= 1) - est.scan_copy * (level >= 2)
   hbm_ok = ctx.hbm_gib is None or device <= ctx.hbm_gib * 2**30
   return hbm_ok and (ctx.host_gib is None or est.host + to_host <= ctx.host_gib * 2**30)
 
@@ -117,7 +120,7 @@ def _doubled(est: Any) -> Any:
     params=est.params,
     optimizer=est.optimizer,
     scan_copy=est.scan_copy,
-    device_total=est.device_total + est.saved_activations + peak,
+    device_total=max(est.step_total + est.saved_activations + peak, est.update_phase),
     host=est.host + saved_host,
   )
 

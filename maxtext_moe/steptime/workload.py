@@ -165,10 +165,10 @@ def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Tran
     out.append(Transfer("host offload copies", "host", 2 * host, 1, 1, True, 2 * sum(step.runs)))
   sizes = {a: i * d for a, (i, d) in step.sides.items()}
   params_b, opt_b, _, _ = _state_bytes(cfg, leaves, step.rules, sizes, step.pipe)
-  on_host = (opt_b + params_b if cfg.optimizer_memory_host_offload else 0) + (
-    params_b if cfg.parameter_memory_host_offload else 0
-  )
-  if on_host:  # brought in for the update and written back, once per step
+  # The state on the host (the planner's `host_state`), each leaf brought in whole and written back once
+  # per step: XLA:GPU's programs move exactly these bytes each way (`compile`'s host transfers).
+  on_host = opt_b * bool(cfg.optimizer_memory_host_offload) + params_b * bool(cfg.parameter_memory_host_offload)
+  if on_host:
     out.append(Transfer("optimizer/parameter offload copies", "host", 2 * on_host, 1, 1, True, 2))
   return out
 
