@@ -427,3 +427,19 @@ def test_fp8_container_program_compiles_with_tes_grouped_gemm_and_nccl_ep(tmp_pa
   (handle,) = report["te_ep_handles"]
   assert handle["ep_size"] == 8 and handle["nvlink_ranks"] == 8 and handle["bytes"] > 0
   assert [s.split(" ")[0] for s in report["substitutions"]] == ["attention=cudnn_flash_te"], report["substitutions"]
+
+
+@pytest.mark.extended
+@pytest.mark.skipif(not TE_PYTHON.is_file(), reason="needs the TE compile environment (./setup.sh --gpu-compile-te)")
+def test_the_rack_with_its_state_on_the_host_is_planned_within_10_percent(tmp_path):
+  """gb200-nvl72/deepseek3-671b as the container runs it (TE's grouped GEMM and NCCL EP, 64 GB200s), its
+  optimizer state and parameters in host memory. The planner was 15-17% under the program that held that
+  state on the device; with the state on the host it missed 51 GiB of 143: MaxText's step brings every
+  parameter back to the device and, for the update, each stacked leaf's Adam state. Held: the host
+  figures equal, the device within 10%, and it fits."""
+  report = compile_report(
+    ["compile", "gb200-nvl72/deepseek3-671b", "--json"], cwd=tmp_path, python=TE_PYTHON, timeout=None
+  )
+  assert report["devices"] == 64 and report["fits"], report["device_bytes"]
+  assert abs(report["host_bytes"] - report["planner_host_bytes"]) < 2**20
+  assert abs(report["rel_error"]) <= 0.10, (report["device_bytes"], report["planner_device_bytes"])

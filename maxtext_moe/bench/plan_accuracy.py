@@ -44,12 +44,15 @@ GPU_CASES: dict[str, tuple[str, list[str]]] = {
   "gb200-nvl72 deepseek3-671b": ("gb200-nvl72/deepseek3-671b", []),
   "gb300x1024 deepseek3-671b": ("gb300x1024/deepseek3-671b", []),
 }
-# `--gpu --te`: the same compiles with Transformer Engine's grouped GEMM, in the environment
-# `./setup.sh --gpu-compile-te` makes (TE's NCCL EP cannot compile there: all_to_all stands in for it).
+# `--gpu --te`: the container's programs, with Transformer Engine's grouped GEMM and NCCL EP, in the
+# environment `./setup.sh --gpu-compile-te` makes; the recipes that keep their state on the host among them.
 GPU_TE_CASES: dict[str, tuple[str, list[str]]] = {
   "h200x8 deepseek3-proxy-16b te bf16": ("h200x8/deepseek3-proxy-16b", []),
   "h200x8 deepseek3-proxy-16b te fp8": ("h200x8/deepseek3-proxy-16b", ["moe_gemm_quantization=fp8"]),
   "b200x8 deepseek3-proxy-16b te fp8": ("b200x8/deepseek3-proxy-16b", ["moe_gemm_quantization=fp8"]),
+  "gb200-nvl72 deepseek3-671b te": ("gb200-nvl72/deepseek3-671b", []),
+  "h100x8 deepseek3-671b te": ("h100x8/deepseek3-671b", []),
+  "h200x8 deepseek3-671b te": ("h200x8/deepseek3-671b", []),
 }
 TE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-te" / "bin" / "python"
 
