@@ -443,3 +443,26 @@ def test_the_rack_with_its_state_on_the_host_is_planned_within_10_percent(tmp_pa
   assert report["devices"] == 64 and report["fits"], report["device_bytes"]
   assert abs(report["host_bytes"] - report["planner_host_bytes"]) < 2**20
   assert abs(report["rel_error"]) <= 0.10, (report["device_bytes"], report["planner_device_bytes"])
+
+
+@needs_plugin
+def test_the_cpu_mesh_a_host_state_step_is_lowered_over_mirrors_the_gpu_mesh():
+  """`compile` lowers a step with offloaded state over as many CPU devices as GPUs (this process has 8,
+  conftest's): each CPU device stands where its GPU stands, with the mesh's names and axis types; a mesh
+  larger than the CPU devices is one line naming the flag that makes them."""
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh
+
+  from maxtext_moe.upstream.compile import gpu_topology, lowering_mesh
+
+  def gpus(n: int) -> list:
+    return gpu_topology(hardware.target_config(hardware.GPUS["h100"]), partitions=1, hosts_per_partition=n,
+                        devices_per_host=1)  # fmt: skip
+
+  mesh = Mesh(np.array(gpus(8)).reshape(2, 4), ("expert", "fsdp"))
+  cpu = lowering_mesh(mesh)
+  assert cpu.axis_names == mesh.axis_names and cpu.devices.shape == (2, 4) and cpu.axis_types == mesh.axis_types
+  assert [d.platform for d in cpu.devices.flat] == ["cpu"] * 8 and list(cpu.devices.flat) == jax.devices("cpu")[:8]
+  with pytest.raises(RuntimeError, match="needs 16 CPU devices and this process has 8: set XLA_FLAGS="):
+    lowering_mesh(Mesh(np.array(gpus(16)).reshape(2, 8), ("expert", "fsdp")))

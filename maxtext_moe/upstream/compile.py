@@ -67,6 +67,16 @@ class _TrainStep:
   static_argnums: Any
   donate_argnums: Any
 
+  def jitted(self) -> Any:
+    """`jax.jit` of the step with its shardings (traced inside its mesh and MaxText's axis rules)."""
+    return jax.jit(
+      self.func,
+      in_shardings=self.in_shardings,
+      out_shardings=self.out_shardings,
+      static_argnums=self.static_argnums,
+      donate_argnums=self.donate_argnums,
+    )
+
 
 def _train_step(cfg: Any) -> _TrainStep:
   mesh = maxtext_utils.get_mesh_from_config(cfg)
@@ -159,14 +169,8 @@ def _compiled_from_cpu_lowering(cfg: Any, mesh: Any, cpu_mesh: Any) -> HostState
     s = _train_step(cfg)
   rules = nn_partitioning.axis_rules(cfg.logical_axis_rules)
   with jax.set_mesh(s.mesh), rules:
-    jitted = jax.jit(
-      s.func,
-      in_shardings=s.in_shardings,
-      out_shardings=s.out_shardings,
-      static_argnums=s.static_argnums,
-      donate_argnums=s.donate_argnums,
-    )
-    module = jitted.trace(*s.args, **s.kwargs).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    lowered = s.jitted().trace(*s.args, **s.kwargs).lower(lowering_platforms=("cuda",))
+    module = lowered.compiler_ir("stablehlo")
   gpus = list(mesh.devices.flat)  # the lowering's device assignment is cpu_mesh's devices in this order
   options = compiler.get_compile_options(
     num_replicas=1, num_partitions=len(gpus), device_assignment=np.array(gpus).reshape(1, -1)
@@ -231,11 +235,4 @@ def lowered_train_step(cfg: Any, *, platform: str) -> str:
   with installed([*model_patches(cfg), *pipeline.step_patches()]), moe_layer.te_guard():
     s = _train_step(cfg)
     with jax.set_mesh(s.mesh), nn_partitioning.axis_rules(cfg.logical_axis_rules):
-      jitted = jax.jit(
-        s.func,
-        in_shardings=s.in_shardings,
-        out_shardings=s.out_shardings,
-        static_argnums=s.static_argnums,
-        donate_argnums=s.donate_argnums,
-      )
-      return export.export(jitted, platforms=[platform])(*s.args, **s.kwargs).mlir_module()
+      return export.export(s.jitted(), platforms=[platform])(*s.args, **s.kwargs).mlir_module()
