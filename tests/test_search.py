@@ -122,3 +122,30 @@ def test_search_refusals_through_the_cli(tmp_path):
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: unknown GPU 'a100'")
   r = run_cli(["plan", "h100x8/deepseek3-proxy-16b", "--gpu", "h100"], cwd=REPO)
   assert r.returncode == 2 and "--gpu, --write and --top belong to --search" in r.stderr
+
+
+def test_the_offload_floors_the_search_prunes_with_never_exceed_the_estimates():
+  """The search skips an offload whose floor does not fit (`fitting._offloaded_fits`, from another offload's
+  estimate, and `_doubled`, from the half batch's): each must fit wherever the estimate it stands for does.
+  With the memory limits set to an estimate's own device and host bytes, the floors of it must say it fits.
+  (When the planner began counting offloaded parameters on the device, the host side of the doubled
+  batch's floor counted them twice, and the search could skip a batch that fits.)"""
+  import dataclasses
+
+  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
+  from maxtext_moe.steptime import fitting
+
+  ctx, _ = _context("h200x8/deepseek3-proxy-16b", ["per_device_batch_size=1"], None, None)
+
+  def planned(offload: str, batch: int):
+    cfg = resolved(ctx.path, [*ctx.base_overrides, f"offload={offload}", f"per_device_batch_size={batch}"])
+    return _estimate(ctx, cfg, [])[0]
+
+  def at_limits(est):  # the memory limits an estimate exactly fills
+    return dataclasses.replace(ctx, hbm_gib=est.device_total / 2**30 + 1e-6, host_gib=est.host / 2**30 + 1e-6)
+
+  for level, offload in enumerate(candidates.OFFLOADS):
+    real, doubled = planned(offload, 1), planned(offload, 2)
+    assert fitting._offloaded_fits(at_limits(doubled), fitting._doubled(real), level), offload
+    for lower in range(level):
+      assert fitting._offloaded_fits(at_limits(real), planned(candidates.OFFLOADS[lower], 1), level), (lower, level)

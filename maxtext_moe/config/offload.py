@@ -1,9 +1,12 @@
 """Host-offload presets: one plugin key (`offload`) that sets MaxText's own offload keys.
 
   none              nothing on the host (YAML `none` reaches us as None: MaxText turns the string into None)
-  optimizer         Adam moments and master weights live in host memory (optimizer_memory_host_offload)
+  optimizer         Adam's moments live in host memory (optimizer_memory_host_offload); the train step brings
+                    them to the device for the update, a stacked leaf at a time
   optimizer_params  + parameters (parameter_memory_host_offload; MaxText requires param_scan_axis=0 for it,
-                    which changes the scanned layout of new checkpoints)
+                    which changes the scanned layout of new checkpoints); the train step brings them all
+                    back to the device for the step, so the device is spared only between steps and their
+                    re-laid-out copy
   activations       remat_policy=custom: each layer's input and the big matmul outputs, the MoE ones
                     included (our block tags them with MaxText's names), go to host memory; under the
                     bounded rounds the MoE ones are recomputed instead (`moe.settings.outputs_recomputed`)

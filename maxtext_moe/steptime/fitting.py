@@ -3,8 +3,9 @@ answer needs (about a second each: the search's cost), and its time.
 
 - An offload whose parameters, Adam state and gradients alone exceed the memory is not resolved
   (`_state_floor`: from the parameter tree and the base config's rules).
-- After one estimate, the next offload tried is the first its arithmetic says fits (`_offloaded_fits`:
-  the presets move the optimizer state, then the parameters, to the host, and nothing else).
+- After one estimate, the next offload tried is the first its arithmetic says may fit (`_offloaded_fits`:
+  the presets move the optimizer state, then the parameters, to the host between steps; during the step
+  the device loses the optimizer state and the parameters' re-laid-out copy, and nothing else).
 - The microbatch counts of a pipelined layout share one resolution (`_Microbatches`).
 """
 
@@ -87,7 +88,8 @@ def _offloaded_fits(ctx: Any, est: Any, level: int) -> bool:
   offloaded, the scanned weights' re-laid-out copy (the preset sets param_scan_axis=0); the update phase
   the offloaded optimizer state adds is left out, so this is a floor. Nothing else in the plan depends on
   the preset (`config/offload.py`)."""
-  to_host = est.optimizer * (level >= 1) + est.params * (level >= 2)
+  # what the offload adds to the host: the optimizer state on the device, the parameters not yet offloaded
+  to_host = est.optimizer * (level >= 1) + est.params * (level >= 2) * (not getattr(est, "params_from_host", False))
   device = est.device_total - est.optimizer * (level >= 1) - est.scan_copy * (level >= 2)
   hbm_ok = ctx.hbm_gib is None or device <= ctx.hbm_gib * 2**30
   return hbm_ok and (ctx.host_gib is None or est.host + to_host <= ctx.host_gib * 2**30)
@@ -122,6 +124,7 @@ def _doubled(est: Any) -> Any:
     scan_copy=est.scan_copy,
     device_total=max(est.step_total + est.saved_activations + peak, est.update_phase),
     host=est.host + saved_host,
+    params_from_host=est.params_from_host,
   )
 
 

@@ -127,8 +127,8 @@ def compile_train_step(cfg: Any, *, mesh: Any | None = None, lower_on: Any | Non
 
 def lowering_mesh(mesh: Any) -> Any:
   """A mesh of this process's CPU devices shaped and named as `mesh` (compile-only GPU devices): device i of
-  `mesh.devices.flat` and of the result stand for the same GPU. One line when there are too few (the CPU
-  backend started before `--xla_force_host_platform_device_count` was set)."""
+  `mesh.devices.flat` and of the result stand for the same GPU. Too few (the CPU backend started before
+  `compile` set `--xla_force_host_platform_device_count`) is a bug in the caller: RuntimeError."""
   from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
 
   cpus = jax.devices("cpu")
@@ -159,10 +159,12 @@ class HostStateProgram:
 def _compiled_from_cpu_lowering(cfg: Any, mesh: Any, cpu_mesh: Any) -> HostStateProgram:
   """MaxText's train step traced over `cpu_mesh` (whose devices have host memory, so the state's
   `pinned_host` shardings and MaxText's moves of it to the device are lowered, as on a GPU), lowered for
-  CUDA, and compiled by the compile-only client of `mesh`'s GPUs, each standing where its CPU device stood.
-  JAX's own compile options, as it builds them for a mesh of that many devices."""
-  from jax._src import compiler  # pylint: disable=import-outside-toplevel
+  CUDA, and compiled by the compile-only client of `mesh`'s GPUs, each standing where its CPU device stood
+  (JAX's shardings name devices by their place in the mesh). The compile options are the ones jit builds
+  from the same lowering (`pxla.create_compile_options`: which outputs XLA may shard, MaxText's
+  `compile_xla_flags`), for the GPUs."""
   from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import max_utils  # pylint: disable=import-outside-toplevel
 
   answer = Patch(maxtext_utils, "get_mesh_from_config", lambda config, devices=None: cpu_mesh)
   with installed([answer]):
@@ -171,13 +173,16 @@ def _compiled_from_cpu_lowering(cfg: Any, mesh: Any, cpu_mesh: Any) -> HostState
   with jax.set_mesh(s.mesh), rules:
     lowered = s.jitted().trace(*s.args, **s.kwargs).lower(lowering_platforms=("cuda",))
     module = lowered.compiler_ir("stablehlo")
-  gpus = list(mesh.devices.flat)  # the lowering's device assignment is cpu_mesh's devices in this order
-  options = compiler.get_compile_options(
-    num_replicas=1, num_partitions=len(gpus), device_assignment=np.array(gpus).reshape(1, -1)
-  )
+  lowering = lowered._lowering.compile_args  # pylint: disable=protected-access  # what jit compiles it with
+  effects = len(lowering["ordered_effects"])
+  to_inputs, to_outputs = pxla.get_prop_to_input_output(lowering["in_shardings"], lowering["out_shardings"], effects)
+  gpus = np.array(list(mesh.devices.flat), dtype=object)
+  flags = max_utils.parse_libtpu_flags_to_dict(cfg.compile_xla_flags)
+  client = gpus[0].client
+  options = pxla.create_compile_options(module, lowering["tuple_args"], to_inputs, to_outputs, client, gpus, flags)
   with jax.set_mesh(s.mesh):  # TE EP's partitioning callbacks read it while XLA compiles
     devices = pxla._create_device_list(tuple(gpus))  # pylint: disable=protected-access  # JAX's own, as jit's
-    executable = gpus[0].client.compile(module, executable_devices=devices, compile_options=options)
+    executable = client.compile(module, executable_devices=devices, compile_options=options)
   return HostStateProgram(executable)
 
 
