@@ -185,7 +185,10 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   """The candidates cut to EP 4 x FSDP 2 with FSDP across the domains left, full remat, with and without
   stages (the whole search takes minutes): pipelined layouts are resolved, planned, timed and ranked beside
   the one without stages, the table shows their stages and microbatches, and the fastest pipelined one
-  written as a recipe resolves in MaxText with its pipeline keys and times as the search timed it."""
+  written as a recipe resolves in MaxText with its pipeline keys and times as the search timed it. 2 stages
+  fit (72.6 GiB at batch 1 with the optimizer state on the host); 4 and 8 do not: they split the weights
+  before the pipeline over fewer FSDP ways and keep more microbatches' inputs, and MaxText's step brings
+  the offloaded parameters back to the device (4 stages: 76.4 GiB of 72.8 with them offloaded)."""
   from rich.console import Console
 
   from maxtext_moe.planner.memory_plan import resolved
@@ -202,7 +205,7 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   base = search.base_of("deepseek3-671b", "h100", 32, [])
   found, tried, ctx = search.search(base)
   assert ctx.num_devices == 256 and 0 < len(found) <= tried
-  assert {f.layout.stages for f in found} == {1, 2, 4, 8}, [f.row() for f in found]
+  assert {f.layout.stages for f in found} == {1, 2}, [f.row() for f in found]
   assert found == search.ranked(found)
   staged = next(f for f in found if f.layout.stages > 1)
   row = staged.row()
