@@ -186,7 +186,7 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   stages (the whole search takes minutes): pipelined layouts are resolved, planned, timed and ranked beside
   the one without stages, the table shows their stages and microbatches, and the fastest pipelined one
   written as a recipe resolves in MaxText with its pipeline keys and times as the search timed it. 2 stages
-  fit (72.6 GiB at batch 1 with the optimizer state on the host); 4 and 8 do not: they split the weights
+  fit (72.7 GiB at batch 1 with the optimizer state on the host); 4 and 8 do not: they split the weights
   before the pipeline over fewer FSDP ways and keep more microbatches' inputs, and MaxText's step brings
   the offloaded parameters back to the device (4 stages: 76.4 GiB of 72.8 with them offloaded)."""
   from rich.console import Console
