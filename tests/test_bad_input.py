@@ -85,10 +85,31 @@ CASES = [
     ],
     "moe_dispatch=te_ep does not run inside pipeline stages (2)",
   ),
+  # expert parallelism across nodes
   (
-    "pipeline_with_bounded_rounds",  # the default moe_buffers=bounded, expert parallelism inside the stages
-    ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2"],
-    "moe_buffers=bounded inside pipeline stages (2) with expert parallelism (2): under the stages' vmap",
+    "cross_node_groups_not_on_nodes",  # the tiny model's 4 routing groups on 8 nodes
+    ["train", "dcn_expert_parallelism=8", "dcn_data_parallelism=1"],
+    "n_routing_groups=4 do not lie on whole nodes of the 8 that expert parallelism spans",
+  ),
+  (
+    "cross_node_ragged",
+    ["train", "dcn_expert_parallelism=2", "dcn_data_parallelism=1", "moe_dispatch=ragged_all_to_all"],
+    "moe_dispatch=ragged_all_to_all exchanges over the whole expert axis and cannot go by node",
+  ),
+  (
+    "cross_node_capacity",
+    ["train", "dcn_expert_parallelism=2", "dcn_data_parallelism=1", "moe_buffers=worst_case", "moe_capacity_factor=1"],
+    "expert parallelism across 2 nodes runs moe_dispatch=all_to_all in dropless rounds, which take no",
+  ),
+  (
+    "cross_node_ep_not_dividing_experts",  # 16 experts over EP 3 x 2 nodes
+    ["train", "ici_expert_parallelism=3", "dcn_expert_parallelism=2", "dcn_data_parallelism=1"],
+    "num_experts=16 is not divisible by expert parallelism 6",
+  ),
+  (
+    "buffer_factor_below_the_mean",
+    ["train", "moe_buffer_factor=0.5"],
+    "moe_buffer_factor=0.5 sizes the dropless buffers below the mean load",
   ),
   ("te_ep_here", ["train", "moe_dispatch=te_ep", "ici_expert_parallelism=2"], "moe_dispatch=te_ep cannot run here:"),
   ("te_gemm_here", ["train", "moe_gemm_backend=te"], "moe_gemm_backend=te needs Transformer Engine on a GPU"),

@@ -14,6 +14,7 @@ SNAPSHOT = (
   "moe_capacity_factor",
   "moe_buffers",
   "moe_buffer_factor",
+  "moe_exchange_chunks",
   "moe_allow_drops",
   "progress",
   "metrics_jsonl",

@@ -244,39 +244,47 @@ def test_real_ragged_all_to_all_traces_through_forward_and_backward():
   assert text.count("custom_call @ragged_all_to_all") >= 4
 
 
-@pytest.mark.parametrize("routing", ["random", pytest.param("one_rank", marks=pytest.mark.extended)])
-def test_rounds_skipped_after_the_first_equal_rounds_skipped_each(routing):
-  """The GPU layout of the bounded rounds (round 0 always, the rest under one conditional) gives the CPU
-  layout's outputs and gradients, for random routing and for adversarial routing (several rounds)."""
-  from maxtext_moe.moe.block import GatedExperts
-  from maxtext_moe.moe.exchange import Exchange
-  from maxtext_moe.moe.rounds import RoundsDispatcher, RoundSkip
+def test_bounded_rounds_under_the_stages_vmap_run_each_stages_own_rounds():
+  """MaxText's pipeline runs a stage's layers under `vmap(spmd_axis_name="stage")`. There the rounds
+  (round 0, then a loop while some rank needs more) run each stage's own count: stage 0's natural
+  routing one round, stage 1's adversarial routing several, with each stage's outputs and gradients those
+  of the block on that stage alone; and no conditional, which the vmap would turn into a select that runs
+  and keeps every round."""
+  mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("stage", "expert"))
+  sub = Mesh(np.array(jax.devices()[:4]), ("expert",))
+  settings = MoESettings(
+    dispatch=DispatchKind.ALL_TO_ALL, buffers=BufferMode.BOUNDED, buffer_factor=2.0, window_sizes=(2, 8)
+  )
+  stages = [_tokens("random"), _tokens("one_rank")]
+  x, ids, weights = (jnp.stack(a) for a in zip(*stages, strict=True))
+  w = tuple(jnp.stack([a, a * 0.5]) for a in _weights())
 
-  x, ids, weights = _tokens(routing)
-  mesh = _mesh(4)
-  settings = MoESettings(window_sizes=(2, 8))
-  tok, wspec = P(("data", "expert")), P("expert")
+  def stage(x, ids, weights, *w):
+    return moe_block(x, ids, weights, *w, mesh=mesh, expert_axis="expert", settings=settings, vmapped_axes=("stage",))
 
-  def run(skip):
-    dispatcher = RoundsDispatcher(E, Exchange("expert", 4, E // 4), 2.0, skip)
+  def loss(fn):
+    def f(x, weights, *w):
+      return jnp.sum(fn(x, ids, weights, *w)[0] * jnp.cos(jnp.arange(D)))
 
-    def per_device(x, ids, w, *ew):
-      y, stats = dispatcher.run(x, Routing(ids, w), GatedExperts(ew, settings))
-      return y, jax.lax.pmax(stats.rounds, ("data", "expert"))
+    return jax.grad(f, argnums=(0, 1, 2, 3, 4))
 
-    specs = {"in_specs": (tok, tok, tok, wspec, wspec, wspec), "out_specs": (tok, P()), "check_vma": False}
-    fn = jax.shard_map(per_device, mesh=mesh, **specs)
+  vmapped = jax.vmap(stage, spmd_axis_name="stage")
+  with jax.set_mesh(mesh):
+    y, stats = jax.jit(vmapped)(x, ids, weights, *w)
+    grads = jax.jit(loss(vmapped))(x, weights, *w)
+    text = jax.jit(loss(vmapped)).lower(x, weights, *w).compile().as_text()
+  assert " conditional(" not in text and " while(" in text
+  rounds = [float(r) for r in stats["rounds"]]
+  assert rounds[0] == 1.0 and rounds[1] > 1.0, rounds
+  for s_ in range(2):
+    one = functools.partial(moe_block, mesh=sub, expert_axis="expert", settings=settings)
+    want, want_stats = jax.jit(one)(x[s_], ids[s_], weights[s_], *(a[s_] for a in w))
+    np.testing.assert_allclose(y[s_], want, **TOL)
+    assert float(want_stats["rounds"]) == rounds[s_]
 
-    def loss(x, w, *ew):
-      y, rounds = fn(x, ids, w, *ew)
-      return jnp.sum(y * jnp.cos(jnp.arange(D))), rounds
+    def alone(x, weights, *w, s_=s_, one=one):
+      return jnp.sum(one(x, ids[s_], weights, *w)[0] * jnp.cos(jnp.arange(D)))
 
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))(x, weights, *_weights())
-
-  (each, rounds), g_each = run(RoundSkip.EACH)
-  (after, rounds_after), g_after = run(RoundSkip.AFTER_FIRST)
-  assert float(rounds) == float(rounds_after) == _rounds_needed(ids, ep=4, bf=2.0)
-  assert routing == "random" or float(rounds) > 1
-  np.testing.assert_allclose(after, each, **TOL)
-  for a, b in zip(g_after, g_each, strict=True):
-    np.testing.assert_allclose(a, b, **TOL)
+    want_grads = jax.jit(jax.grad(alone, argnums=(0, 1, 2, 3, 4)))(x[s_], weights[s_], *(a[s_] for a in w))
+    for a, b in zip(grads, want_grads, strict=True):
+      np.testing.assert_allclose(a[s_], b, **TOL)

@@ -4,7 +4,7 @@ parity (outputs and gradients against EP=1, rounds counted) is in test_moe_block
 import jax.numpy as jnp
 
 from maxtext_moe.moe import rounds
-from maxtext_moe.moe.settings import DispatchKind, round_budget, routed_rows
+from maxtext_moe.moe.settings import DispatchKind, EpBuffers, round_budget, routed_rows
 
 
 def test_round_budget_example():
@@ -20,21 +20,20 @@ def test_plan_rounds_example():
   assert plan.round_TP[:, 0].tolist() == [0, 1, 1, 2] and plan.slot_TP[:, 0].tolist() == [0, 0, 1, 0]
   assert plan.round_TP[1:3, 1].tolist() == [0, 0] and plan.slot_TP[1:3, 1].tolist() == [0, 1]
   assert int(plan.rounds) == 3 and float(plan.load_over_budget) == 3.0  # 6 pairs for rank 0, budget 2
-  assert int(plan.unscheduled) == 0  # max_rounds: 4 x min(2, 2) / 2 = 4 rounds are scheduled
 
 
-def test_repeated_ids_past_the_scheduled_rounds_are_counted_not_lost():
-  """Every router's top-k ids are distinct; repeated ones can need more rounds than `max_rounds`, and
-  those pairs are reported as unscheduled (dropped: a dropless run stops) rather than lost."""
+def test_repeated_ids_take_the_rounds_they_need():
+  """Every router's top-k ids are distinct; repeated ones (two pairs of one row for one expert) are
+  scheduled like any other pairs: no static round count cuts them off."""
   ids = jnp.array([[0, 0]] * 4)  # 2 pairs per token for rank 0 with one local expert
   plan = rounds.plan_rounds(ids, local_experts=1, num_ranks=2, budget=2, axis=None)
-  assert rounds.max_rounds(4, 2, budget=2, local_experts=1) == 2 and int(plan.rounds) == 4
-  assert int(plan.unscheduled) == 4  # tokens 2 and 3 fall in rounds 2 and 3
+  assert plan.round_TP[:, 0].tolist() == [0, 1, 2, 3] and int(plan.rounds) == 4
 
 
 def test_planner_rows_are_one_rounds_pairs():
   """What the planner sizes: P x (G + K - 1) pairs in bounded mode, P x T x K worst-case."""
-  kw = {"num_ranks": 8, "capacity_factor": 0.0, "num_experts": 64}
-  assert routed_rows(DispatchKind.ALL_TO_ALL, 1024, 8, **kw, buffers="bounded", buffer_factor=1.5) == 8 * (1536 + 7)
-  assert routed_rows(DispatchKind.ALL_TO_ALL, 1024, 8, **kw, buffers="worst_case") == 8 * 1024 * 8
-  assert routed_rows(DispatchKind.TE_EP, 1024, 8, **kw, buffers="bounded") == 1024 * 8 * 8  # TE sizes its own
+  kw = {"num_ranks": 8, "num_experts": 64}
+  bounded = EpBuffers(DispatchKind.ALL_TO_ALL, "bounded", buffer_factor=1.5, **kw)
+  assert routed_rows(bounded, 1024, 8) == 8 * (1536 + 7)
+  assert routed_rows(EpBuffers(DispatchKind.ALL_TO_ALL, "worst_case", **kw), 1024, 8) == 8 * 1024 * 8
+  assert routed_rows(EpBuffers(DispatchKind.TE_EP, "bounded", **kw), 1024, 8) == 1024 * 8 * 8  # TE sizes its own

@@ -26,7 +26,7 @@ SMALL = [
   f"per_device_batch_size={BATCH}",
   "mtp_num_layers=1",
 ]
-STAGES = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2", "moe_buffers=worst_case"]
+STAGES = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2"]
 
 
 @pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")

@@ -37,7 +37,7 @@ STAGES = {  # case: (overrides, devices, per-device batch)
   ),
   "4_stages": (["ici_pipeline_parallelism=4", "pipeline_parallel_layers=4"], 4, 2),
   "2_stages_ep2": (
-    ["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2", "moe_buffers=worst_case"],
+    ["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "ici_expert_parallelism=2"],
     8,
     1,
   ),

@@ -7,9 +7,17 @@ the plugin's pydantic config class (see `upstream.config`), after MaxText's own 
 
 from typing import Any
 
-from maxtext_moe.config.layout import DCN, ICI, SUFFIX, expert_parallelism, fixed_layout_size, parallelism_axes
+from maxtext_moe.config.layout import (
+  DCN,
+  ICI,
+  SUFFIX,
+  expert_nodes,
+  expert_parallelism,
+  fixed_layout_size,
+  parallelism_axes,
+)
 from maxtext_moe.config.quantization import check_dense_quantization
-from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization, runs_in_rounds
+from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization
 
 
 def check_one_auto_axis(cfg: Any) -> None:
@@ -98,15 +106,35 @@ def check_one_expert_computation(cfg: Any) -> None:
 
 
 def check_dispatch_serves_layout(cfg: Any) -> None:
-  """The named dispatch can serve this expert-parallel degree and capacity (auto is checked at launch)."""
+  """The named dispatch can serve this expert-parallel degree, the nodes it spans and the capacity (auto
+  is checked at launch)."""
   if _dropless(cfg):
-    check_dispatch(cfg.moe_dispatch, ep=expert_parallelism(cfg), capacity_factor=cfg.moe_capacity_factor)
+    check_dispatch(
+      cfg.moe_dispatch, ep=expert_parallelism(cfg), capacity_factor=cfg.moe_capacity_factor, nodes=expert_nodes(cfg)
+    )
 
 
 def check_buffers_and_capacity(cfg: Any) -> None:
-  """Bounded buffers (dropless) and a capacity (drops) exclude each other (auto is checked at launch)."""
+  """Bounded buffers (dropless) and a capacity (drops) exclude each other; so do expert parallelism across
+  nodes (all_to_all's dropless rounds) and a capacity (auto is checked at launch)."""
   if _dropless(cfg) and str(cfg.moe_dispatch) != "auto":
-    check_buffers(cfg.moe_dispatch, cfg.moe_buffers, capacity_factor=cfg.moe_capacity_factor)
+    dispatch = "all_to_all" if str(cfg.moe_dispatch) == "te_ep" and cfg.moe_capacity_factor <= 0 else cfg.moe_dispatch
+    check_buffers(dispatch, cfg.moe_buffers, capacity_factor=cfg.moe_capacity_factor, nodes=expert_nodes(cfg))
+
+
+def check_routing_groups_on_nodes(cfg: Any) -> None:
+  """With expert parallelism across nodes, group-limited routing's groups lie on whole nodes, so that a
+  token crosses the network to at most topk_routing_group nodes (`moe.levels`): the groups a multiple of
+  the nodes."""
+  nodes, groups = expert_nodes(cfg), int(cfg.n_routing_groups)
+  if not _dropless(cfg) or nodes <= 1 or groups <= 0 or groups % nodes == 0:
+    return
+  fits = [n for n in range(2, groups + 1) if groups % n == 0]
+  raise ValueError(
+    f"n_routing_groups={groups} do not lie on whole nodes of the {nodes} that expert parallelism spans "
+    f"(dcn_expert_parallelism): a token's {cfg.topk_routing_group} groups would reach more nodes than that; "
+    f"span {', '.join(map(str, fits)) or 'one'} node(s) with the experts instead"
+  )
 
 
 def check_gemm_quantization(cfg: Any) -> None:
@@ -167,19 +195,6 @@ def check_pipeline_for_moe(cfg: Any) -> None:
       f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
       "the stages; use moe_dispatch=auto (all_to_all under stages)"
     )
-  ep = expert_parallelism(cfg)
-  if ep > 1 and _dropless(cfg) and runs_in_rounds(_exchanged(cfg.moe_dispatch), cfg.moe_buffers):
-    raise ValueError(
-      f"moe_buffers=bounded inside pipeline stages ({stages}) with expert parallelism ({ep}): under the stages' "
-      "vmap the rounds' per-round conditional becomes a select that runs every round and keeps its buffers "
-      "(DeepSeek-V3 671B, 2 stages on 256 H100s: 162 against 142 GiB per GPU by XLA:GPU); set "
-      "moe_buffers=worst_case"
-    )
-
-
-def _exchanged(dispatch: Any) -> str:
-  """The dispatch that exchanges tokens under stages: `auto` is all_to_all there (te_ep is refused)."""
-  return "all_to_all" if str(dispatch) == "auto" else str(dispatch)
 
 
 def check_finetune_has_weights(cfg: Any) -> None:
@@ -257,6 +272,7 @@ ALL_CHECKS = (
   check_one_expert_computation,
   check_dispatch_serves_layout,
   check_buffers_and_capacity,
+  check_routing_groups_on_nodes,
   check_gemm_quantization,
   check_block_supports_model,
   check_pipeline_for_moe,

@@ -124,9 +124,27 @@ class PluginKeys(BaseModel):
   )
   moe_buffer_factor: float = Field(
     DEFAULT_BUFFER_FACTOR,
-    gt=0.0,
     description="moe_buffers=bounded: each pair of ranks exchanges at most ceil(factor * tokens * top_k / EP) "
-    "(row, expert) pairs per round.",
+    "(row, expert) pairs per round; across nodes the network carries at most factor times the mean rows per "
+    "node. At least 1 (the mean load): below it every step needs further rounds.",
+  )
+
+  @field_validator("moe_buffer_factor")
+  @classmethod
+  def _at_least_the_mean(cls, value: float) -> float:
+    if value < 1.0:
+      raise ValueError(
+        f"moe_buffer_factor={value} sizes the dropless buffers below the mean load, so every step would need "
+        "further rounds; use 1 or more (1.5 by default)"
+      )
+    return value
+
+  moe_exchange_chunks: int = Field(
+    0,
+    ge=0,
+    description="The bounded exchange's tokens in this many chunks, each with its own rounds, so that one "
+    "chunk's dispatch and combine run beside another's expert GEMMs (XLA's latency-hiding scheduler). 0: "
+    "auto, 2 where expert parallelism spans nodes, else 1.",
   )
   moe_allow_drops: bool = Field(
     False,

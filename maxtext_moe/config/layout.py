@@ -65,3 +65,44 @@ def mesh_sides(cfg: Any, num_devices: int) -> dict[str, tuple[int, int]]:
 def mesh_sizes(cfg: Any, num_devices: int) -> dict[str, int]:
   """{mesh axis: size} over `num_devices` from the ICI and DCN degrees, a -1 axis filled as MaxText does."""
   return {axis: i * d for axis, (i, d) in mesh_sides(cfg, num_devices).items()}
+
+
+def expert_nodes(cfg: Any, num_devices: int | None = None) -> int:
+  """Nodes (NVLink domains) the expert axis spans: its DCN degree, a -1 filled as MaxText does over
+  `num_devices` (default the recipe's; 1 where neither is known)."""
+  dcn = int(cfg.dcn_expert_parallelism)
+  devices = int(cfg.recipe_num_devices) if num_devices is None else num_devices
+  if dcn > 0 or devices <= 0:
+    return max(dcn, 1)
+  return mesh_sides(cfg, devices).get("expert", (1, 1))[1]
+
+
+def dispatch_for(cfg: Any, *, num_devices: int, platform: Any, kind: Any = None) -> Any:
+  """What `moe_dispatch` (or `kind`) resolves to for this config's mesh on `num_devices` devices of
+  `platform` (`moe.settings.resolve_dispatch`: the expert-parallel degree, the nodes it spans, the
+  layout TE's NCCL EP serves)."""
+  from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
+
+  sides = mesh_sides(cfg, num_devices)
+  sizes = {a: i * d for a, (i, d) in sides.items()}
+  return resolve_dispatch(
+    cfg.moe_dispatch if kind is None else kind,
+    ep=sizes.get("expert", 1),
+    platform=platform,
+    capacity_factor=float(cfg.moe_capacity_factor),
+    axis_sizes=sizes,
+    num_experts=int(cfg.num_experts),
+    nodes=sides.get("expert", (1, 1))[1],
+  )
+
+
+def routing_groups(cfg: Any) -> tuple[int, int]:
+  """(n_routing_groups, topk_routing_group) of group-limited routing; (0, 0) without it."""
+  groups = int(getattr(cfg, "n_routing_groups", -1) or -1)
+  return (groups, int(cfg.topk_routing_group)) if groups > 0 else (0, 0)
+
+
+def exchange_chunks(cfg: Any, *, nodes: int) -> int:
+  """`moe_exchange_chunks`, its 0 (auto) made 2 where expert parallelism spans nodes, else 1."""
+  chunks = int(getattr(cfg, "moe_exchange_chunks", 0))
+  return chunks if chunks > 0 else (2 if nodes > 1 else 1)

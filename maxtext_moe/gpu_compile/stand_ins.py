@@ -8,8 +8,8 @@ attention stands in.
 
 from typing import Any
 
-from maxtext_moe.config.layout import mesh_sizes
-from maxtext_moe.moe.settings import DispatchKind, Platform, resolve_dispatch
+from maxtext_moe.config.layout import dispatch_for
+from maxtext_moe.moe.settings import DispatchKind, Platform
 
 
 def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[str]]:
@@ -119,13 +119,5 @@ def te_ep_written_out(cfg: Any, devices: int) -> list[str]:
   this resolved config's mesh; [] otherwise (a layout TE's EP cannot split stays all_to_all, as there)."""
   if str(cfg.moe_dispatch) != "auto":
     return []
-  sizes = mesh_sizes(cfg, devices)
-  kind = resolve_dispatch(
-    "auto",
-    ep=sizes.get("expert", 1),
-    platform=Platform("gpu", te_gemm=True, te_ep=True),
-    capacity_factor=float(cfg.moe_capacity_factor),
-    axis_sizes=sizes,
-    num_experts=int(cfg.num_experts),
-  )
+  kind = dispatch_for(cfg, num_devices=devices, platform=Platform("gpu", te_gemm=True, te_ep=True), kind="auto")
   return ["moe_dispatch=te_ep"] if kind == DispatchKind.TE_EP else []

@@ -30,7 +30,7 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
   """The one grouped-GEMM call site, its output tagged with MaxText's remat name unless the dispatch
-  recomputes it whatever the policy says (`rules.outputs_recomputed`: the bounded rounds)."""
+  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds)."""
   out = grouped_matmul(
     rows_RD,
     w_EDF,
@@ -39,7 +39,7 @@ def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax
     window_sizes_L=settings.window_sizes,
     quantization=settings.quantization,
   )
-  if rules.outputs_recomputed(settings.dispatch, settings.buffers):
+  if rules.outputs_recomputed(settings.dispatch, settings.buffers, nodes=settings.ep_nodes):
     return out
   return checkpoint_name(out, name)
 
@@ -92,7 +92,11 @@ def _token_axes(mesh: Mesh, num_tokens: int, vmapped: tuple[str, ...] = ()) -> t
 def _resolved(settings: MoESettings, *, top_k: int, ep: int) -> MoESettings:
   """`settings` with `auto` dispatch turned into this platform's choice and the routing's top-k."""
   dispatch = rules.resolve_dispatch(
-    settings.dispatch, ep=ep, platform=rules.detect_platform(), capacity_factor=settings.capacity_factor
+    settings.dispatch,
+    ep=ep,
+    platform=rules.detect_platform(),
+    capacity_factor=settings.capacity_factor,
+    nodes=settings.ep_nodes,
   )
   return dataclasses.replace(settings, dispatch=dispatch, top_k=top_k)
 

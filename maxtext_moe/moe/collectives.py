@@ -1,6 +1,7 @@
 """The collectives the expert-parallel dispatchers are given, and the offset math of the ragged one.
 
-- `all_to_all`: rank p's block q of rows goes to rank q's block p (`jax.lax.all_to_all`, tiled).
+- `all_to_all`: rank p's block q of rows goes to rank q's block p (`jax.lax.all_to_all`, tiled), over the
+  whole axis or inside groups of it.
 - `ragged_offsets`: where each rank's slices start and land, from the [P, P] matrix of row counts.
 - `ragged_all_to_all_reference`: the semantics of `jax.lax.ragged_all_to_all`, built from `all_gather`.
 
@@ -20,11 +21,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
+Groups = tuple[tuple[int, ...], ...] | None  # axis_index_groups: indices along one mesh axis, hashable
 
-def all_to_all(x_ND: jax.Array, *, axis_name: str) -> jax.Array:
+
+def all_to_all(x_ND: jax.Array, *, axis_name: str, groups: Groups = None) -> jax.Array:
   """Splits rows into P equal blocks and sends block q to rank q; returns the blocks received, in rank
-  order. Call inside shard_map over `axis_name`."""
-  return jax.lax.all_to_all(x_ND, axis_name, 0, 0, tiled=True)
+  order. Call inside shard_map over `axis_name`. `groups` (`jax.lax`'s axis_index_groups): the ranks of
+  the axis split into groups of P that exchange among themselves, a rank's q-th peer the q-th of its
+  group (the two levels of an exchange across nodes, `moe.levels`); None: the whole axis is one group."""
+  groups_list = None if groups is None else [list(g) for g in groups]
+  return jax.lax.all_to_all(x_ND, axis_name, 0, 0, tiled=True, axis_index_groups=groups_list)
 
 
 def ragged_offsets(sizes_PP: jax.Array, me: jax.Array, *, back: bool) -> tuple[jax.Array, ...]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from maxtext_moe.moe import collectives, permute
+from maxtext_moe.moe import collectives, levels, permute
 
 
 @jax.tree_util.register_dataclass
@@ -39,13 +39,25 @@ class Trip:
 
 @dataclass(frozen=True)
 class Exchange:
-  """The rows of P = `num_ranks` ranks over mesh axis `axis`; experts split evenly, `local_experts` each."""
+  """The rows of P = `num_ranks` ranks over mesh axis `axis`; experts split evenly, `local_experts` each.
+  `groups`: the axis's ranks in groups of P that exchange among themselves (padded only; `moe.levels`:
+  the network and NVLink levels of an exchange across nodes); None: the whole axis, P ranks."""
 
   axis: str
   num_ranks: int
   local_experts: int
   ragged: bool = False
   collective: Callable = collectives.all_to_all  # ragged: jax.lax.ragged_all_to_all or its reference
+  groups: collectives.Groups = None
+
+  def __post_init__(self) -> None:
+    if self.ragged and self.groups is not None:
+      raise ValueError("the ragged exchange runs over a whole mesh axis; exchanges in groups are padded (all_to_all)")
+
+  def _padded(self, x: jax.Array) -> jax.Array:
+    if self.groups is None:
+      return self.collective(x, axis_name=self.axis)
+    return self.collective(x, axis_name=self.axis, groups=self.groups)
 
   def destinations(self, sent_TP: jax.Array, slot_TP: jax.Array, *, send_rows: int) -> jax.Array:
     """Row of the N = `send_rows` send buffer that each sent (token, rank) row takes: padded, p x (N / P)
@@ -72,7 +84,7 @@ class Exchange:
       x_TD, ids_TK, weights_TK, dest_TJ, num_rows=send_rows, experts_per_rank=self.local_experts, rank_TJ=rank_TJ
     )
     if not self.ragged:
-      return tuple(self.collective(a, axis_name=self.axis) for a in send), Trip(sent_TP, dest_TJ, None)
+      return tuple(self._padded(a) for a in send), Trip(sent_TP, dest_TJ, None)
     sizes_PP = jax.lax.all_gather(jnp.sum(sent_TP, axis=0, dtype=jnp.int32), self.axis)
     empty = permute.empty_rows(recv_rows, *send, experts_per_rank=self.local_experts)
     recv = tuple(self._ragged(a, out, sizes_PP, back=False) for a, out in zip(send, empty, strict=True))
@@ -84,7 +96,7 @@ class Exchange:
       output = jnp.zeros((send_rows, partial_SD.shape[1]), partial_SD.dtype)
       back_ND = self._ragged(partial_SD, output, trip.sizes_PP, back=True)
     else:
-      back_ND = self.collective(partial_SD, axis_name=self.axis)
+      back_ND = self._padded(partial_SD)
     # A column not sent holds send_rows, one past back's rows, where the gather reads zeros.
     assert back_ND.shape[0] == send_rows, (back_ND.shape, send_rows)
     return permute.gather_returned(back_ND, trip.dest_TJ)
@@ -92,3 +104,15 @@ class Exchange:
   def _ragged(self, operand, output, sizes_PP, *, back: bool) -> jax.Array:
     offsets = collectives.ragged_offsets(sizes_PP, jax.lax.axis_index(self.axis), back=back)
     return self.collective(operand, output, *offsets, axis_name=self.axis)
+
+
+def for_levels(axis: str, *, num_experts: int, ranks: int, nodes: int) -> tuple[Exchange, ...]:
+  """The padded exchanges of expert parallelism over `ranks` ranks of `axis` on `nodes` nodes: one over
+  the whole axis on one node, else the network level's then the NVLink level's (`moe.levels`)."""
+  if nodes <= 1:
+    return (Exchange(axis, ranks, num_experts // ranks),)
+  per_node = ranks // nodes
+  return (
+    Exchange(axis, nodes, num_experts // nodes, groups=levels.network_groups(nodes, per_node)),
+    Exchange(axis, per_node, num_experts // ranks, groups=levels.nvlink_groups(nodes, per_node)),
+  )

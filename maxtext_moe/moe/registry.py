@@ -10,11 +10,10 @@ from typing import Any
 
 import jax
 
-from maxtext_moe.moe import collectives
+from maxtext_moe.moe import exchange
 from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import Dispatcher, ExpertParallelDispatcher, LocalDispatcher
-from maxtext_moe.moe.exchange import Exchange
-from maxtext_moe.moe.rounds import RoundsDispatcher, RoundSkip
+from maxtext_moe.moe.rounds import RoundsDispatcher
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
 from maxtext_moe.moe.te_ep import TeEpDispatcher
 from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
@@ -41,16 +40,20 @@ def _local(spec: DispatchSpec) -> Dispatcher:
 
 
 def _exchanged(spec: DispatchSpec, *, ragged: bool) -> Dispatcher:
-  """all_to_all / ragged_all_to_all: bounded rounds, or one worst-case (or capped) exchange."""
+  """all_to_all / ragged_all_to_all: bounded rounds, or one worst-case (or capped) exchange; across nodes
+  the two levels of `moe.levels` in rounds (worst-case budgets with moe_buffers=worst_case)."""
   s = spec.settings
-  collective = (s.ragged_exchange or jax.lax.ragged_all_to_all) if ragged else collectives.all_to_all
-  exchange = Exchange(spec.expert_axis, spec.ep, spec.num_experts // spec.ep, ragged, collective)
-  if rules.runs_in_rounds(s.dispatch, s.buffers):
-    gpu = spec.mesh.devices.flat[0].platform == "gpu"
+  if ragged:
+    collective = s.ragged_exchange or jax.lax.ragged_all_to_all
+    exchanges = (exchange.Exchange(spec.expert_axis, spec.ep, spec.num_experts // spec.ep, True, collective),)
+  else:
+    exchanges = exchange.for_levels(spec.expert_axis, num_experts=spec.num_experts, ranks=spec.ep, nodes=s.ep_nodes)
+  if rules.runs_in_rounds(s.dispatch, s.buffers) or len(exchanges) > 1:
+    worst = not rules.runs_in_rounds(s.dispatch, s.buffers)
     return RoundsDispatcher(
-      spec.num_experts, exchange, s.buffer_factor, RoundSkip.AFTER_FIRST if gpu else RoundSkip.EACH
+      spec.num_experts, exchanges, s.buffer_factor, s.routing_groups, s.exchange_chunks, worst_case=worst
     )
-  return ExpertParallelDispatcher(spec.num_experts, exchange, s.capacity_factor)
+  return ExpertParallelDispatcher(spec.num_experts, exchanges[0], s.capacity_factor)
 
 
 def _te_ep(spec: DispatchSpec) -> Dispatcher:
@@ -76,6 +79,6 @@ DISPATCHERS: dict[DispatchKind, Callable[[DispatchSpec], Dispatcher]] = {
 def make_dispatcher(spec: DispatchSpec) -> Dispatcher:
   """The dispatcher `spec.settings.dispatch` names (already resolved from `auto`), after its checks."""
   s = spec.settings
-  rules.check_dispatch(s.dispatch, ep=spec.ep, capacity_factor=s.capacity_factor)
-  rules.check_buffers(s.dispatch, s.buffers, capacity_factor=s.capacity_factor)
+  rules.check_dispatch(s.dispatch, ep=spec.ep, capacity_factor=s.capacity_factor, nodes=s.ep_nodes)
+  rules.check_buffers(s.dispatch, s.buffers, capacity_factor=s.capacity_factor, nodes=s.ep_nodes)
   return DISPATCHERS[DispatchKind(s.dispatch)](spec)

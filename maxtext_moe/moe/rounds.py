@@ -1,49 +1,43 @@
-"""Dropless expert parallelism in bounded memory: capacity-sized buffers, and the overflow in further rounds.
+"""Dropless expert parallelism in bounded memory: budget-sized buffers, the overflow in further rounds.
 
 The single-shot expert-parallel dispatcher (`dispatch.ExpertParallelDispatcher`, `moe_buffers:
-worst_case`) sizes its buffers for every token of every rank routed to one rank: T x P received
-rows, T x P x K (row, local expert) pairs for the grouped GEMM. `RoundsDispatcher` sizes them from the mean:
+worst_case` on one node) sizes its buffers for every token of every rank routed to one rank: T x P
+received rows, T x P x K (row, local expert) pairs for the grouped GEMM. `RoundsDispatcher` sizes them
+from the mean (`levels.round_levels`), on one node or, in two levels, across nodes (`moe.levels`):
 
-- Each (source, destination) rank pair may carry at most G (row, local expert) pairs per round,
-  G = ceil(buffer_factor x T x K / P) (`round_budget`), at least K so that any one row fits. A token's
-  row for rank p goes in round (pairs of the rows for p up to and including it - 1) // G, so a round
-  carries at most min(G, T) rows and G + K - 1 pairs from each source (`plan_rounds`).
-- Every rank runs the same number of rounds: the largest any pair of ranks needs (`lax.pmax`). Natural
-  routing needs one; adversarial routing (every token to one rank) needs more, and drops nothing.
-- The rounds are a `lax.scan` of static length (the most any routing can need), each round a `lax.cond`
-  that skips the exchange and the GEMM past the last needed round, and a `jax.checkpoint` so the backward
-  keeps nothing per round but its index. On a GPU mesh (`RoundSkip.AFTER_FIRST`) round 0 runs
-  unconditionally and the scan of the others sits in one `lax.cond` taken only when some rank needs a
-  second round: on XLA:GPU a conditional outside a command buffer is a host sync, so natural routing pays
-  one per call (forward, recomputation, backward) instead of one per round.
-- A round receives P x min(G, T) rows and hands the grouped GEMM P x (G + K - 1) pairs: the sorted pairs
-  with the empty ones (ids "not here") cut off, since they sort last. The worst-case mode's are P x T and
-  P x T x K.
+- Each (source, destination) pair of a level carries at most a budget per round: (row, local expert)
+  pairs at the last level, G = ceil(buffer_factor x T x K / its ranks), at least K so that any row fits;
+  rows at the network level. A row for destination p goes in round (the budget used by the rows for p
+  up to and including it - 1) // budget (`plan_rounds`). Every rank of a level runs the same number of
+  rounds, the most any pair needs (`lax.pmax` over the axis). Natural routing needs one; adversarial
+  routing (every token to one rank) more, and drops nothing.
+- Round 0 always runs; the others run in a `lax.while_loop` for as long as some rank needs them, so no
+  round's buffers outlive it and a routing that needs one round runs one. On XLA:GPU the loop's predicate
+  is one host sync per call (forward, recomputation, backward). A loop and not a `lax.cond` per round:
+  under MaxText's pipeline stages (a `vmap` over the stages) a conditional on a per-stage value becomes a
+  select that runs every branch, where a loop runs until the last stage is done.
+- The backward is a custom VJP of the same shape: each round's forward recomputed and transposed (what
+  a `jax.checkpoint` per round gave), round 0 then the loop; nothing per round is kept.
+- The tokens may be split into chunks (`moe_exchange_chunks`), each its own rounds: every chunk's round 0
+  comes first, so XLA's scheduler can run one chunk's exchange beside another's expert GEMMs.
+- Across nodes a round of the network level runs the NVLink level's rounds on the rows it received (a
+  custom VJP inside one), so both levels are bounded and dropless.
 
-Shape legend: T tokens, K top-k, D model dim, P ranks, E_l local experts, G per-pair budget, S received
-rows per round (P x min(G, T)), Q pairs per round (P x (G + K - 1)).
+Shape legend: T tokens, K top-k, D model dim, P ranks, E_l local experts, S received rows per round,
+Q pairs per round, C chunks.
 """
 
-import math
+import functools
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from maxtext_moe.moe import permute
+from maxtext_moe.moe import levels, permute
 from maxtext_moe.moe.dispatch import Experts, Routing
 from maxtext_moe.moe.exchange import Exchange
-from maxtext_moe.moe.settings import round_budget
 from maxtext_moe.moe.stats import DispatchStats
-
-
-def max_rounds(num_tokens: int, top_k: int, *, budget: int, local_experts: int) -> int:
-  """The rounds the worst routing needs: all T x min(K, E_l) pairs of a source for one rank (a token's
-  top-k experts are distinct, as every router's are; pairs of repeated ids past these rounds are counted
-  as dropped by `RoundPlan.unscheduled`, so a dropless run stops on them instead of losing them)."""
-  return math.ceil(num_tokens * min(top_k, local_experts) / budget)
 
 
 class RoundPlan(NamedTuple):
@@ -51,38 +45,41 @@ class RoundPlan(NamedTuple):
 
   needs_TP: jax.Array  # token t has at least one expert on rank p
   round_TP: jax.Array  # its round (where needs_TP)
-  slot_TP: jax.Array  # its row among those for rank p in that round, < G
+  slot_TP: jax.Array  # its row among those for rank p in that round
   rounds: jax.Array  # rounds every rank runs: 1 + the largest round of any row on any rank (global)
-  load_over_budget: jax.Array  # the largest pairs any source has for one rank, over G (global)
-  unscheduled: jax.Array  # pairs in rounds past `max_rounds` (this source): only repeated top-k ids make any
+  load_over_budget: jax.Array  # the most budget any source uses for one rank, over the budget (global)
 
 
-def plan_rounds(ids_TK: jax.Array, *, local_experts: int, num_ranks: int, budget: int, axis: str | None) -> RoundPlan:
-  """Rows in token order per destination, cut into rounds of at most `budget` pairs.
+def plan_rounds(
+  ids_TK: jax.Array, *, local_experts: int, num_ranks: int, budget: int, axis: str | None, count_rows: bool = False
+) -> RoundPlan:
+  """Rows in token order per destination, cut into rounds of at most `budget` (row, local expert) pairs,
+  or rows with `count_rows`.
 
   Example (one source, axis=None): ids_TK = [[0, 1], [0, 2], [1, 3], [0, 1]], local_experts=2,
     num_ranks=2, budget=2: pairs for rank 0 are 2, 1, 1, 2 (cumulative 2, 3, 4, 6) -> rounds 0, 1, 1, 2;
     for rank 1: 0, 1, 1, 0 (cumulative 0, 1, 2, 2) -> rows of tokens 1 and 2 in round 0.
     round_TP[:, 0] = [0, 1, 1, 2], slot_TP[:, 0] = [0, 0, 1, 0], rounds = 3.
+    With count_rows: rows for rank 0 are 1, 1, 1, 1 -> rounds 0, 0, 1, 1; rounds = 2.
   """
   rank_TK = ids_TK // local_experts
   pairs_TP = jnp.sum(rank_TK[:, :, None] == jnp.arange(num_ranks)[None, None, :], axis=1, dtype=jnp.int32)
   needs_TP = pairs_TP > 0
-  cum_TP = jnp.cumsum(pairs_TP, axis=0)
+  used_TP = needs_TP.astype(jnp.int32) if count_rows else pairs_TP
+  cum_TP = jnp.cumsum(used_TP, axis=0)
   round_TP = jnp.where(needs_TP, (cum_TP - 1) // budget, 0)
-  # Slot: the row's index among rank p's rows, less the rows of p in earlier rounds.
+  # Slot: the row's index among rank p's rows, less the rows of p in earlier rounds. Every round holds at
+  # least one row (a budget fits any row), so there are at most T rounds.
   row_TP = jnp.cumsum(needs_TP, axis=0, dtype=jnp.int32) - 1
-  most = max_rounds(ids_TK.shape[0], ids_TK.shape[1], budget=budget, local_experts=local_experts)
-  per_round = jnp.zeros((most + 1, num_ranks), jnp.int32)
+  per_round = jnp.zeros(needs_TP.shape, jnp.int32)
   per_round = per_round.at[round_TP, jnp.arange(num_ranks)[None, :]].add(needs_TP.astype(jnp.int32))
   before_RP = jnp.cumsum(per_round, axis=0) - per_round
   slot_TP = row_TP - jnp.take_along_axis(before_RP, round_TP, axis=0)
   rounds = jnp.max(jnp.where(needs_TP, round_TP + 1, 0))
   load = jnp.max(cum_TP[-1]).astype(jnp.float32) / budget
-  unscheduled = jnp.sum(jnp.where(round_TP >= most, pairs_TP, 0))
   if axis is not None:
     rounds, load = jax.lax.pmax(rounds, axis), jax.lax.pmax(load, axis)
-  return RoundPlan(needs_TP, round_TP, slot_TP, rounds, load, unscheduled)
+  return RoundPlan(needs_TP, round_TP, slot_TP, rounds, load)
 
 
 def _expand(recv_x_SD, recv_ids_SK, *, local_experts: int, num_pairs: int):
@@ -102,102 +99,174 @@ def _reduce(out_QD, order_Q, recv_w_SK, num_valid):
   return jax.ops.segment_sum(out_QD * w_Q[:, None], order_Q // k, num_segments=s)
 
 
-class RoundSkip(StrEnum):
-  """How the rounds a routing does not need are skipped (each way keeps the backward per-round)."""
+@dataclass(frozen=True)
+class _Runner:
+  """The rounds of every level of one call, static (hashable: the custom VJP's non-differentiable
+  argument): each level's exchange and sizes, and the experts without their weights."""
 
-  EACH = "each"  # a `lax.cond` per round: one conditional per round and call
-  AFTER_FIRST = "after_first"  # round 0 always; the rest only when some rank needs a second round: one
-  # conditional per call under natural routing. On XLA:GPU every conditional outside a command buffer is a
-  # host sync, and this layout also needs less temporary memory there; XLA:CPU keeps the two branches'
-  # temporaries apart (about 2x the bounded buffers), so CPU keeps EACH.
+  exchanges: tuple[Exchange, ...]
+  sizes: tuple[levels.LevelSizes, ...]
+  experts: Any  # `dispatch.Experts` with no weights; the weights travel as differentiable arguments
+  top_k: int
+
+  def plan(self, level: int, ids_TK: jax.Array) -> RoundPlan:
+    ex, size = self.exchanges[level], self.sizes[level]
+    return plan_rounds(
+      ids_TK,
+      local_experts=ex.local_experts,
+      num_ranks=ex.num_ranks,
+      budget=size.budget,
+      axis=ex.axis,
+      count_rows=size.counts_rows,
+    )
+
+  def round(self, level: int, r, x_TD, ids_TK, w_TK, weights, plan: RoundPlan) -> tuple[jax.Array, dict]:
+    """One round of `level`: its rows there, the next level's rounds (or the experts) on what arrived,
+    the results back. Returns (y_TD, {stat: value} of this round)."""
+    ex, size = self.exchanges[level], self.sizes[level]
+    sent_TP = plan.needs_TP & (plan.round_TP == r)
+    (recv_x_SD, recv_ids_SK, recv_w_SK), trip = ex.there(
+      x_TD, ids_TK, w_TK, sent_TP, plan.slot_TP, send_rows=size.recv_rows, recv_rows=size.recv_rows
+    )
+    stats = {"rows_sent": jnp.sum(sent_TP, dtype=jnp.float32)}
+    if level + 1 < len(self.exchanges):  # the network level: the node's own ranks over NVLink
+      own = jax.lax.axis_index(ex.axis) // (self.exchanges[level + 1].num_ranks)
+      stats = {"rows_sent_network": stats["rows_sent"] - jnp.sum(sent_TP[:, own], dtype=jnp.float32)}
+      (partial_SD,), inner = _rounds(self, level + 1, (recv_x_SD,), (recv_ids_SK,), (recv_w_SK,), weights)
+      stats |= jax.lax.stop_gradient(inner)
+    else:
+      rows_QD, group_sizes, order_Q = _expand(
+        recv_x_SD, recv_ids_SK, local_experts=ex.local_experts, num_pairs=levels.gemm_rows(self.sizes, self.top_k)
+      )
+      out_QD = self.experts.with_weights(weights)(rows_QD, group_sizes)
+      partial_SD = _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes))
+    return ex.back(partial_SD, trip, send_rows=size.recv_rows), stats
+
+  def forward(self, level: int, xs, ids, ws, weights) -> tuple[tuple, dict, tuple]:
+    """(y per chunk, the stats, the plans): every chunk's round 0, then each chunk's further rounds."""
+    plans = tuple(self.plan(level, i) for i in ids)
+    first = [self.round(level, 0, x, i, w, weights, p) for x, i, w, p in zip(xs, ids, ws, plans, strict=True)]
+    ys, stats = [], []
+    for (y0, s0), x, i, w, p in zip(first, xs, ids, ws, plans, strict=True):
+
+      def body(carry, x=x, i=i, w=w, p=p):
+        r, y, s = carry
+        y_r, s_r = self.round(level, r, x, i, w, weights, p)
+        return r + 1, y + y_r, _add(s, s_r)
+
+      _, y, s = jax.lax.while_loop(lambda c, p=p: c[0] < p.rounds, body, (jnp.int32(1), y0, s0))
+      ys.append(y)
+      stats.append(_add(s, self._plan_stats(level, p)))
+    return tuple(ys), functools.reduce(_add, stats), plans
+
+  def backward(self, level: int, xs, ids, ws, weights, plans, ys_bar) -> tuple:
+    """Cotangents of (xs, ids, ws, weights): each round's forward recomputed and transposed."""
+
+    def grads(r, c):
+      def f(x, w, weights):
+        return self.round(level, r, x, ids[c], w, weights, plans[c])[0]
+
+      return jax.vjp(f, xs[c], ws[c], weights)[1](ys_bar[c])
+
+    out = []
+    for c, g0 in enumerate([grads(0, c) for c in range(len(xs))]):
+
+      def body(carry, c=c):
+        r, g = carry
+        return r + 1, jax.tree.map(jnp.add, g, grads(r, c))
+
+      out.append(jax.lax.while_loop(lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0))[1])
+    dxs, dws = tuple(g[0] for g in out), tuple(g[1] for g in out)
+    dweights = functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), [g[2] for g in out])
+    return dxs, None, dws, dweights
+
+  def _plan_stats(self, level: int, plan: RoundPlan) -> dict:
+    """Rounds and load (the largest over levels), and at the network level the most nodes one token reached."""
+    stats = {"rounds": plan.rounds.astype(jnp.float32), "load_over_budget": plan.load_over_budget}
+    if level + 1 < len(self.exchanges):
+      stats["nodes_per_token"] = jnp.max(jnp.sum(plan.needs_TP, axis=1)).astype(jnp.float32)
+    return stats
+
+
+_MAXED = ("rounds", "load_over_budget", "nodes_per_token")
+
+
+def _add(a: dict, b: dict) -> dict:
+  """Two rounds' (or levels', or chunks') stats: counts summed, rounds, load and nodes the largest."""
+  out = dict(a)
+  for k, v in b.items():
+    out[k] = (jnp.maximum if k in _MAXED else jnp.add)(out[k], v) if k in out else v
+  return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _rounds(runner: _Runner, level: int, xs, ids, ws, weights) -> tuple[tuple, dict]:
+  """Every round of `level` on each chunk: (y per chunk, stats)."""
+  ys, stats, _ = runner.forward(level, xs, ids, ws, weights)
+  return ys, stats
+
+
+def _rounds_fwd(runner: _Runner, level: int, xs, ids, ws, weights):
+  ys, stats, plans = runner.forward(level, xs, ids, ws, weights)
+  return (ys, stats), (xs, ids, ws, weights, plans)
+
+
+def _rounds_bwd(runner: _Runner, level: int, residuals, cotangents):
+  xs, ids, ws, weights, plans = residuals
+  return runner.backward(level, xs, ids, ws, weights, plans, cotangents[0])
+
+
+_rounds.defvjp(_rounds_fwd, _rounds_bwd)
 
 
 @dataclass(frozen=True)
 class RoundsDispatcher:
-  """Experts split evenly over `exchange`'s P ranks, dropless, in buffers of `buffer_factor` times the
-  mean load: the exchange of `dispatch.ExpertParallelDispatcher`, run once per round. Call inside
-  shard_map over the exchange's axis."""
+  """Experts split evenly over the ranks of `exchanges` (one level, or network then NVLink), dropless, in
+  buffers of `buffer_factor` times the mean load (`worst_case`: budgets no routing exceeds), the tokens
+  in `chunks`. Call inside shard_map over the exchanges' axis."""
 
   mesh_level: ClassVar[bool] = False
 
   num_experts: int
-  exchange: Exchange
+  exchanges: tuple[Exchange, ...]
   buffer_factor: float
-  skip: RoundSkip = RoundSkip.EACH
+  routing_groups: tuple[int, int] = (0, 0)
+  chunks: int = 1
+  worst_case: bool = False
 
   @property
-  def local_experts(self) -> int:
-    return self.exchange.local_experts
+  def num_ranks(self) -> int:
+    return self.num_experts // self.exchanges[-1].local_experts
 
-  def budget(self, ids_TK: jax.Array) -> int:
-    t, k = ids_TK.shape
-    return round_budget(
-      t, k, num_ranks=self.exchange.num_ranks, buffer_factor=self.buffer_factor, local_experts=self.local_experts
+  def sizes(self, num_tokens: int, top_k: int) -> tuple[levels.LevelSizes, ...]:
+    """Each level's sizes for a chunk of `num_tokens` tokens."""
+    return levels.round_levels(
+      num_tokens,
+      top_k,
+      num_experts=self.num_experts,
+      ranks=self.num_ranks,
+      nodes=self.exchanges[0].num_ranks if len(self.exchanges) > 1 else 1,
+      buffer_factor=self.buffer_factor,
+      routing_groups=self.routing_groups,
+      worst_case=self.worst_case,
     )
-
-  def plan(self, ids_TK: jax.Array) -> RoundPlan:
-    return plan_rounds(
-      ids_TK,
-      local_experts=self.local_experts,
-      num_ranks=self.exchange.num_ranks,
-      budget=self.budget(ids_TK),
-      axis=self.exchange.axis,
-    )
-
-  def _round(self, x_TD, routing: Routing, experts: Experts, plan: RoundPlan, r):
-    t, k = routing.ids_TK.shape
-    g = self.budget(routing.ids_TK)
-    p = self.exchange.num_ranks
-    send_rows = p * min(g, t)  # a round carries at most G rows from a source to a rank (each has a pair), and <= T
-    sent_TP = plan.needs_TP & (plan.round_TP == r)
-    (recv_x_SD, recv_ids_SK, recv_w_SK), trip = self.exchange.there(
-      x_TD, routing.ids_TK, routing.weights_TK, sent_TP, plan.slot_TP, send_rows=send_rows, recv_rows=send_rows
-    )
-    rows_QD, group_sizes, order_Q = _expand(
-      recv_x_SD, recv_ids_SK, local_experts=self.local_experts, num_pairs=p * (g + k - 1)
-    )
-    partial_SD = _reduce(experts(rows_QD, group_sizes), order_Q, recv_w_SK, jnp.sum(group_sizes))
-    return self.exchange.back(partial_SD, trip, send_rows=send_rows)
 
   def run(self, x_TD: jax.Array, routing: Routing, experts: Experts) -> tuple[jax.Array, DispatchStats]:
-    """(y_TD: every round's outputs summed; the stats of the same plan, so its global counts are gathered
-    once). Rounds past the last one some rank needs are skipped (`plan.rounds` is global, so every rank
-    takes the same branch): one at a time (`RoundSkip.EACH`), or all at once when only round 0 is needed
-    (`RoundSkip.AFTER_FIRST`)."""
-    plan = self.plan(routing.ids_TK)
+    """(y_TD: every round's outputs summed, chunk by chunk; the stats of the same plans)."""
     t, k = routing.ids_TK.shape
-    most = max_rounds(t, k, budget=self.budget(routing.ids_TK), local_experts=self.local_experts)
-
-    @jax.checkpoint
-    def one(r):
-      return self._round(x_TD, routing, experts, plan, r)
-
-    def body(y_TD, r):
-      return y_TD + jax.lax.cond(r < plan.rounds, lambda: one(r), lambda: jnp.zeros_like(x_TD)), None
-
-    def rounds_from(first):
-      return jax.lax.scan(body, jnp.zeros_like(x_TD), jnp.arange(first, most))[0]
-
-    if self.skip == RoundSkip.EACH or most == 1:
-      return rounds_from(0), self._stats(routing.ids_TK, plan)
-
-    def first_only():
-      return jnp.zeros_like(x_TD) + one(0)
-
-    def every_round():
-      return jax.lax.scan(body, first_only(), jnp.arange(1, most))[0]
-
-    return jax.lax.cond(plan.rounds > 1, every_round, first_only), self._stats(routing.ids_TK, plan)
-
-  def _stats(self, ids_TK: jax.Array, plan: RoundPlan) -> DispatchStats:
-    """Wire rows with and without dedup, one round's receive buffer, pairs past the static rounds (none
-    for distinct top-k ids); and (global) the rounds run and the largest load over the per-round budget."""
-    t, k = ids_TK.shape
-    return DispatchStats.of(
-      rows_sent=jnp.sum(plan.needs_TP),
+    chunks = self.chunks if self.chunks > 1 and t % self.chunks == 0 else 1
+    sizes = self.sizes(t // chunks, k)
+    runner = _Runner(self.exchanges, sizes, experts.with_weights(()), k)
+    split = functools.partial(jnp.split, indices_or_sections=chunks)
+    chunked = (tuple(split(a)) for a in (x_TD, routing.ids_TK, routing.weights_TK))
+    ys, stats = _rounds(runner, 0, *chunked, experts.weights)
+    stats = jax.lax.stop_gradient(stats)  # counts: no cotangent flows into the custom VJP through them
+    return jnp.concatenate(ys), DispatchStats.of(
+      rows_sent=stats["rows_sent"],
       rows_sent_no_dedup=t * k,
-      buffer_rows=self.exchange.num_ranks * min(self.budget(ids_TK), t),
-      dropped=plan.unscheduled,
-      rounds=plan.rounds,
-      load_over_budget=plan.load_over_budget,
+      buffer_rows=levels.received_rows(sizes),
+      rounds=stats["rounds"],
+      load_over_budget=stats["load_over_budget"],
+      rows_sent_network=stats.get("rows_sent_network", 0),
+      nodes_per_token=stats.get("nodes_per_token", 0),
     )

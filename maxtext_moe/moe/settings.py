@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from maxtext_moe.moe import mesh_axes
+from maxtext_moe.moe import levels, mesh_axes
 from maxtext_moe.moe.te_capacity import te_ep_capacity
 
 
@@ -100,6 +100,9 @@ class MoESettings:
   # collectives.ragged_all_to_all_reference.
   ragged_exchange: Callable | None = None
   window_sizes: tuple[int, ...] | None = None  # the `tiled` GEMM's ladder; None: permute.window_sizes
+  ep_nodes: int = 1  # nodes (NVLink domains) the expert axis spans: its DCN degree (moe.levels)
+  routing_groups: tuple[int, int] = (0, 0)  # (n_routing_groups, topk_routing_group); (0, 0): none
+  exchange_chunks: int = 1  # the bounded rounds' tokens in this many chunks, for overlap (moe.rounds)
 
 
 def _platform(platform: Platform | str) -> Platform:
@@ -114,6 +117,7 @@ def resolve_dispatch(
   capacity_factor: float = 0.0,
   axis_sizes: dict[str, int] | None = None,
   num_experts: int = 0,
+  nodes: int = 1,
 ) -> DispatchKind:
   """Turns `auto` into a concrete dispatcher. Without EP: local. With EP on a GPU: te_ep where TE's NCCL
   EP can serve the job (the platform, and the mesh `axis_sizes` when given: tokens split over expert and
@@ -122,19 +126,44 @@ def resolve_dispatch(
   send/recv: about 2% of NVLink on 8 B200s, its one-shot kernel handles at most 8 peers and crashed above
   32 ranks; docs/design-facts.md). On a TPU ragged_all_to_all unless a capacity is set; on CPU all_to_all.
 
-  Example: resolve_dispatch("auto", ep=8, platform=Platform("gpu", te_ep=True)) -> DispatchKind.TE_EP.
+  Expert parallelism across `nodes` > 1 (its DCN degree), dropless: all_to_all's two levels in bounded
+  rounds (`moe.levels`), for auto and te_ep alike: TE's dropless receive buffer is its worst case, every
+  token of all P ranks (154 GiB per H100 at EP 64 for DeepSeek-V3), where the rounds size theirs from the
+  mean (`cross_node_note` says so at start). te_ep with a capacity factor stays te_ep.
+
+  Example: resolve_dispatch("auto", ep=8, platform=Platform("gpu", te_ep=True)) -> DispatchKind.TE_EP;
+    with nodes=2 -> DispatchKind.ALL_TO_ALL.
   """
   kind, platform = DispatchKind(kind), _platform(platform)
+  across = nodes > 1 and capacity_factor <= 0
+  if kind == DispatchKind.TE_EP and across:
+    return DispatchKind.ALL_TO_ALL
   if kind != DispatchKind.AUTO:
     return kind
   if ep == 1:
     return DispatchKind.LOCAL
   if platform.name == "gpu":
     served = axis_sizes is None or mesh_axes.te_ep_layout_problem(axis_sizes, num_experts=num_experts) is None
-    return DispatchKind.TE_EP if platform.te_ep and served else DispatchKind.ALL_TO_ALL
-  if platform.name == "tpu" and capacity_factor <= 0:
+    return DispatchKind.TE_EP if platform.te_ep and served and not across else DispatchKind.ALL_TO_ALL
+  if platform.name == "tpu" and capacity_factor <= 0 and nodes <= 1:
     return DispatchKind.RAGGED_ALL_TO_ALL
   return DispatchKind.ALL_TO_ALL
+
+
+def cross_node_note(kind: DispatchKind | str, resolved: DispatchKind | str, *, ep: int, nodes: int) -> str | None:
+  """The line said at start when expert parallelism across nodes runs our two-level rounds where TE's NCCL
+  EP was asked for (or would be `auto`'s choice inside a node); None otherwise."""
+  if nodes <= 1 or DispatchKind(resolved) != DispatchKind.ALL_TO_ALL:
+    return None
+  if DispatchKind(kind) not in (DispatchKind.TE_EP, DispatchKind.AUTO):
+    return None
+  asked = "moe_dispatch=te_ep" if DispatchKind(kind) == DispatchKind.TE_EP else "moe_dispatch=auto"
+  return (
+    f"{asked} with expert parallelism {ep} across {nodes} nodes: the exchange runs as all_to_all in two "
+    "levels (the network once per token and node, then NVLink) in rounds of bounded buffers, not TE's NCCL "
+    "EP, whose dropless receive buffer holds every token of all ranks; moe_dispatch=te_ep "
+    "moe_capacity_factor=F keeps TE with F times the balanced load (an overflow stops the run)"
+  )
 
 
 def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> GemmBackend:
@@ -150,27 +179,43 @@ def resolve_backend(backend: GemmBackend | str, *, platform: Platform | str) -> 
   return GemmBackend.RAGGED_DOT if platform.name == "tpu" else GemmBackend.TILED
 
 
-def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float) -> None:
+def check_dispatch(kind: DispatchKind | str, *, ep: int, capacity_factor: float, nodes: int = 1) -> None:
   """Raises ValueError (one line, with the fix) for a dispatch that cannot serve this layout."""
   kind = DispatchKind(kind)
   if kind == DispatchKind.LOCAL and ep > 1:
     raise ValueError(f"moe_dispatch=local cannot serve expert parallelism {ep}; use all_to_all or auto")
   if kind == DispatchKind.RAGGED_ALL_TO_ALL and capacity_factor > 0:
     raise ValueError("moe_dispatch=ragged_all_to_all is always dropless: set moe_capacity_factor=0 or use all_to_all")
+  if kind == DispatchKind.RAGGED_ALL_TO_ALL and nodes > 1:
+    raise ValueError(
+      f"moe_dispatch=ragged_all_to_all exchanges over the whole expert axis and cannot go by node; expert "
+      f"parallelism across {nodes} nodes needs moe_dispatch=all_to_all (two levels: network, then NVLink) or auto"
+    )
   if kind == DispatchKind.TE_EP and ep < 2:
     raise ValueError(f"moe_dispatch=te_ep needs expert parallelism of at least 2, got {ep}; use local or auto")
   if kind == DispatchKind.TE_EP and 0 < capacity_factor < 1:
     raise ValueError(f"moe_dispatch=te_ep takes moe_capacity_factor 0 (dropless) or >= 1, got {capacity_factor}")
+  if nodes > 1 and ep % nodes:
+    raise ValueError(f"expert parallelism {ep} does not split evenly over the {nodes} nodes it spans")
 
 
-def check_buffers(kind: DispatchKind | str, buffers: BufferMode | str, *, capacity_factor: float) -> None:
+def check_buffers(
+  kind: DispatchKind | str, buffers: BufferMode | str, *, capacity_factor: float, nodes: int = 1
+) -> None:
   """Bounded buffers are dropless; a capacity factor caps single-shot buffers and drops what overflows: the
-  two exclude each other where the buffers are ours (all_to_all; ragged_all_to_all takes no capacity)."""
-  if runs_in_rounds(kind, buffers) and capacity_factor > 0:
+  two exclude each other where the buffers are ours (all_to_all; ragged_all_to_all takes no capacity). Across
+  nodes all_to_all always runs in rounds (`moe.levels`): dropless, whatever its buffers."""
+  if not (runs_in_rounds(kind, buffers, nodes=nodes) and capacity_factor > 0):
+    return
+  if nodes > 1 and BufferMode(buffers) == BufferMode.WORST_CASE:
     raise ValueError(
-      f"moe_buffers=bounded (dropless rounds) and moe_capacity_factor={capacity_factor} (a cap that drops) exclude "
-      "each other: set moe_buffers=worst_case to cap the single-shot buffers, or moe_capacity_factor=0"
+      f"expert parallelism across {nodes} nodes runs moe_dispatch=all_to_all in dropless rounds, which take no "
+      f"moe_capacity_factor ({capacity_factor}); set moe_capacity_factor=0"
     )
+  raise ValueError(
+    f"moe_buffers=bounded (dropless rounds) and moe_capacity_factor={capacity_factor} (a cap that drops) exclude "
+    "each other: set moe_buffers=worst_case to cap the single-shot buffers, or moe_capacity_factor=0"
+  )
 
 
 def check_quantization(
@@ -204,92 +249,105 @@ def capacity(num_tokens: int, top_k: int, *, num_ranks: int, capacity_factor: fl
 
 
 def round_budget(num_tokens: int, top_k: int, *, num_ranks: int, buffer_factor: float, local_experts: int) -> int:
-  """Bounded-memory EP (`moe.rounds`): G, the (row, local expert) pairs a source sends one rank per round,
-  ceil(buffer_factor x T x K / P), at least K (any one row fits), at most T x min(K, E_l).
+  """Bounded-memory EP on one node (`moe.rounds`): G, the (row, local expert) pairs a source sends one rank per
+  round, ceil(buffer_factor x T x K / P), at least K (any one row fits), at most T x min(K, E_l)
+  (`levels.round_levels`' one level).
 
   Example: round_budget(64, 4, num_ranks=8, buffer_factor=1.5, local_experts=2) -> 48.
   """
-  most = num_tokens * min(top_k, local_experts)
-  return max(top_k, min(most, math.ceil(buffer_factor * num_tokens * top_k / num_ranks)))
+  sizes = levels.round_levels(
+    num_tokens, top_k, num_experts=local_experts * num_ranks, ranks=num_ranks, buffer_factor=buffer_factor
+  )
+  return sizes[-1].budget
 
 
-def runs_in_rounds(kind: DispatchKind | str, buffers: BufferMode | str) -> bool:
-  """Whether this dispatch runs bounded-memory rounds (`moe.rounds`): all_to_all and ragged_all_to_all with
-  `moe_buffers: bounded`; te_ep sizes its own buffers and local has none."""
-  exchanged = DispatchKind(kind) in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
-  return exchanged and BufferMode(buffers) == BufferMode.BOUNDED
+def runs_in_rounds(kind: DispatchKind | str, buffers: BufferMode | str, *, nodes: int = 1) -> bool:
+  """Whether this dispatch runs in rounds (`moe.rounds`): all_to_all and ragged_all_to_all with
+  `moe_buffers: bounded`, and all_to_all across nodes whatever its buffers (two levels, `moe.levels`; with
+  worst_case their budgets are ones no routing exceeds); te_ep sizes its own buffers and local has none."""
+  kind = DispatchKind(kind)
+  exchanged = kind in (DispatchKind.ALL_TO_ALL, DispatchKind.RAGGED_ALL_TO_ALL)
+  return exchanged and (BufferMode(buffers) == BufferMode.BOUNDED or (kind == DispatchKind.ALL_TO_ALL and nodes > 1))
 
 
-def outputs_recomputed(kind: DispatchKind | str, buffers: BufferMode | str) -> bool:
-  """Whether the experts' GEMM outputs are recomputed whatever the remat policy says of REMAT_NAMES: under
-  the bounded rounds, where they sit in a conditional. Offloaded there, XLA:GPU's layout assignment fails
-  (host memory from one branch, a device buffer from JAX's other); kept, they would be kept per round."""
-  return runs_in_rounds(kind, buffers)
+def outputs_recomputed(kind: DispatchKind | str, buffers: BufferMode | str, *, nodes: int = 1) -> bool:
+  """Whether the experts' GEMM outputs are recomputed whatever the remat policy says of REMAT_NAMES: in
+  rounds, whose backward recomputes each round (a custom VJP that keeps only the rounds' inputs)."""
+  return runs_in_rounds(kind, buffers, nodes=nodes)
 
 
-def routed_rows(
-  kind: DispatchKind | str,
-  num_tokens: int,
-  top_k: int,
-  *,
-  num_ranks: int,
-  capacity_factor: float,
-  buffers: BufferMode | str,
-  buffer_factor: float = DEFAULT_BUFFER_FACTOR,
-  num_experts: int,
-) -> int:
+@dataclass(frozen=True)
+class EpBuffers:
+  """What sizes one device's expert exchange: its dispatch and buffers, the expert-parallel ranks and the
+  nodes they span, the routing groups and the chunks (the settings' and the mesh's, for the planner)."""
+
+  kind: DispatchKind | str
+  buffers: BufferMode | str
+  num_ranks: int
+  num_experts: int
+  capacity_factor: float = 0.0
+  buffer_factor: float = DEFAULT_BUFFER_FACTOR
+  nodes: int = 1
+  routing_groups: tuple[int, int] = (0, 0)
+  chunks: int = 1
+
+  def rounds(self, num_tokens: int, top_k: int) -> tuple[int, tuple[levels.LevelSizes, ...]] | None:
+    """(chunks, each chunk's levels) of the rounds this exchange runs, or None (single shot)."""
+    if not runs_in_rounds(self.kind, self.buffers, nodes=self.nodes):
+      return None
+    chunks = self.chunks if self.chunks > 1 and num_tokens % self.chunks == 0 else 1
+    sizes = levels.round_levels(
+      num_tokens // chunks,
+      top_k,
+      num_experts=self.num_experts,
+      ranks=self.num_ranks,
+      nodes=self.nodes if DispatchKind(self.kind) == DispatchKind.ALL_TO_ALL else 1,
+      buffer_factor=self.buffer_factor,
+      routing_groups=self.routing_groups,
+      worst_case=BufferMode(self.buffers) == BufferMode.WORST_CASE,
+    )
+    return chunks, sizes
+
+
+def routed_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
   local T x K; all_to_all P x capacity x K; ragged_all_to_all T x P x K; te_ep TE's receive capacity
-  (`te_capacity`: T x P x K at most, 128-row aligned per local expert); bounded (all_to_all and ragged_all_to_all, one
-  round of `moe.rounds`) P x (G + K - 1).
+  (`te_capacity`: T x P x K at most, 128-row aligned per local expert); in rounds (`moe.rounds`) one
+  round's P x (G + K - 1) per chunk (`levels.gemm_rows`; every chunk's round 0 may be live at once).
 
-  Example: routed_rows("all_to_all", 1024, 8, num_ranks=8, capacity_factor=0, buffers="bounded",
-    num_experts=64) -> 8 x (1536 + 7) = 12344.
+  Example: routed_rows(EpBuffers("all_to_all", "bounded", num_ranks=8, num_experts=64), 1024, 8)
+    -> 8 x (1536 + 7) = 12344.
   """
-  kind = DispatchKind(kind)
+  kind, p = DispatchKind(exchange.kind), exchange.num_ranks
   if kind == DispatchKind.LOCAL:
     return num_tokens * top_k
-  if runs_in_rounds(kind, buffers):
-    g = round_budget(
-      num_tokens, top_k, num_ranks=num_ranks, buffer_factor=buffer_factor, local_experts=num_experts // num_ranks
-    )
-    return num_ranks * (g + top_k - 1)
+  if bounded := exchange.rounds(num_tokens, top_k):
+    chunks, sizes = bounded
+    return chunks * levels.gemm_rows(sizes, top_k)
   if kind == DispatchKind.ALL_TO_ALL:
-    cap = capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
-    return num_ranks * cap * top_k
+    return p * capacity(num_tokens, top_k, num_ranks=p, capacity_factor=exchange.capacity_factor) * top_k
   if kind == DispatchKind.TE_EP:
     return te_ep_capacity(
-      num_tokens=num_tokens, top_k=top_k, num_ranks=num_ranks, num_experts=num_experts, factor=capacity_factor
+      num_tokens=num_tokens, top_k=top_k, num_ranks=p, num_experts=exchange.num_experts, factor=exchange.capacity_factor
     )
-  return num_tokens * num_ranks * top_k
+  return num_tokens * p * top_k
 
 
-def received_rows(
-  kind: DispatchKind | str,
-  num_tokens: int,
-  top_k: int,
-  *,
-  num_ranks: int,
-  capacity_factor: float,
-  buffers: BufferMode | str,
-  buffer_factor: float = DEFAULT_BUFFER_FACTOR,
-  num_experts: int,
-) -> int:
-  """Rows of the exchange's receive buffer on one device (the tokens, before their expansion to (row,
-  expert) pairs): bounded P x min(G, T) per round; all_to_all P x capacity; ragged_all_to_all T x P; none
-  for local and te_ep (whose receive buffer is the grouped GEMM's own, `routed_rows`).
+def received_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
+  """Rows of the exchange's receive buffers on one device (the tokens, before their expansion to (row,
+  expert) pairs): in rounds every level's per round and chunk (`levels.received_rows`); all_to_all P x
+  capacity; ragged_all_to_all T x P; none for local and te_ep (whose receive buffer is the grouped GEMM's
+  own, `routed_rows`).
 
-  Example: received_rows("all_to_all", 1024, 8, num_ranks=8, capacity_factor=0, buffers="bounded",
-    num_experts=64) -> 8 x min(1536, 1024) = 8192.
+  Example: received_rows(EpBuffers("all_to_all", "bounded", num_ranks=8, num_experts=64), 1024, 8)
+    -> 8 x min(1536, 1024) = 8192.
   """
-  kind = DispatchKind(kind)
+  kind, p = DispatchKind(exchange.kind), exchange.num_ranks
   if kind in (DispatchKind.LOCAL, DispatchKind.TE_EP):
     return 0
-  if runs_in_rounds(kind, buffers):
-    g = round_budget(
-      num_tokens, top_k, num_ranks=num_ranks, buffer_factor=buffer_factor, local_experts=num_experts // num_ranks
-    )
-    return num_ranks * min(g, num_tokens)
+  if bounded := exchange.rounds(num_tokens, top_k):
+    chunks, sizes = bounded
+    return chunks * levels.received_rows(sizes)
   if kind == DispatchKind.ALL_TO_ALL:
-    return num_ranks * capacity(num_tokens, top_k, num_ranks=num_ranks, capacity_factor=capacity_factor)
-  return num_tokens * num_ranks
+    return p * capacity(num_tokens, top_k, num_ranks=p, capacity_factor=exchange.capacity_factor)
+  return num_tokens * p

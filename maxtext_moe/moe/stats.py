@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 INTERMEDIATE_PREFIX = "moe_plugin_"
-SCALARS = ("dropped", "rows_sent", "rows_sent_no_dedup", "buffer_rows")
-MAX_STATS = ("rounds", "load_over_budget")  # bounded-memory EP (moe.rounds): the largest over devices, layers
+SCALARS = ("dropped", "rows_sent", "rows_sent_no_dedup", "buffer_rows", "rows_sent_network")
+# Bounded-memory EP (moe.rounds): the largest over devices and layers; and across nodes (moe.levels) the
+# most nodes any one token was sent to.
+MAX_STATS = ("rounds", "load_over_budget", "nodes_per_token")
 LOAD = "load"
 BIAS = "bias_abs_mean"  # per layer: mean |routing bias| (recorded by the MaxText seam, not the block)
 NAMES = (*SCALARS, *MAX_STATS, LOAD, BIAS)
@@ -29,10 +31,11 @@ NAMES = (*SCALARS, *MAX_STATS, LOAD, BIAS)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DispatchStats:
-  """What a dispatcher reports of one call, float32 scalars: rows on the wire with and without per-rank
-  dedup, rows of its receive buffer, dropped (token, expert) assignments (0 when dropless), and for
-  bounded-memory EP the rounds run and the largest load over one round's budget. Per device inside
-  shard_map until `over_devices` adds the counts up (and takes the largest rounds and load)."""
+  """What a dispatcher reports of one call, float32 scalars: rows delivered to the experts' ranks with and
+  without per-rank dedup, rows of its receive buffers, dropped (token, expert) assignments (0 when
+  dropless), for bounded-memory EP the rounds run and the largest load over one round's budget, and
+  across nodes the rows that crossed the network (to another node) and the most nodes one token reached.
+  Per device inside shard_map until `over_devices` adds the counts up (and takes the largest of the rest)."""
 
   rows_sent: jax.Array
   rows_sent_no_dedup: jax.Array
@@ -40,14 +43,26 @@ class DispatchStats:
   dropped: jax.Array
   rounds: jax.Array
   load_over_budget: jax.Array
+  rows_sent_network: jax.Array
+  nodes_per_token: jax.Array
 
   @classmethod
   def of(
-    cls, *, rows_sent, rows_sent_no_dedup, buffer_rows, dropped=0, rounds=1, load_over_budget=0
+    cls,
+    *,
+    rows_sent,
+    rows_sent_no_dedup,
+    buffer_rows,
+    dropped=0,
+    rounds=1,
+    load_over_budget=0,
+    rows_sent_network=0,
+    nodes_per_token=0,
   ) -> "DispatchStats":
-    """Stats from numbers or arrays: one round and no budget unless given (single-shot dispatchers)."""
+    """Stats from numbers or arrays: one round, no budget and nothing across nodes unless given."""
     values = dict(rows_sent=rows_sent, rows_sent_no_dedup=rows_sent_no_dedup, buffer_rows=buffer_rows, dropped=dropped)
     values |= dict(rounds=rounds, load_over_budget=load_over_budget)
+    values |= dict(rows_sent_network=rows_sent_network, nodes_per_token=nodes_per_token)
     return cls(**{k: jnp.asarray(v).astype(jnp.float32) for k, v in values.items()})
 
   def over_devices(self, axes: tuple[str, ...]) -> "DispatchStats":
@@ -133,10 +148,15 @@ def step_metrics(
       f"{total['dropped']:.0f} token-to-expert assignments did not fit moe_capacity_factor={capacity_factor}; "
       "raise it, set moe_capacity_factor=0 (dropless), or moe_allow_drops=true to drop and count them"
     )
-  rounds = {
-    f"moe/{name}": max(float(e[name]) for e in entries) for name in MAX_STATS if all(name in e for e in entries)
-  }
-  return rounds | {
+  maxed = {f"moe/{name}": max(float(e[name]) for e in entries) for name in MAX_STATS if all(name in e for e in entries)}
+  if not maxed.get("moe/nodes_per_token"):  # the exchange stays inside a node: nothing crosses the network
+    maxed.pop("moe/nodes_per_token", None)
+  else:
+    maxed |= {
+      "moe/dispatch_rows_network": total["rows_sent_network"],
+      "moe/dispatch_bytes_network": total["rows_sent_network"] * row_bytes,
+    }
+  return maxed | {
     "moe/load_max_over_mean": max(load_max_over_mean(e[LOAD]) for e in entries),
     "moe/tokens_dropped": total["dropped"],
     "moe/dispatch_rows": total["rows_sent"],

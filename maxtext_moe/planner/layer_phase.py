@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from maxtext_moe.config.layout import exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe.settings import outputs_recomputed, received_rows, routed_rows
+from maxtext_moe.moe.settings import EpBuffers, outputs_recomputed, received_rows, routed_rows
 from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -35,10 +36,24 @@ def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
   factor = float(getattr(cfg, "ragged_buffer_factor", -1.0) or -1.0)
   if maxtext_te_block(cfg) and ep > 1 and factor > 0:  # TE EP's receive buffer at `factor` x the balanced load
     return math.ceil(factor * tokens * int(cfg.num_experts_per_tok)), 0
-  args = (dispatch, tokens, int(cfg.num_experts_per_tok))
-  kw = {"num_ranks": ep, "capacity_factor": float(cfg.moe_capacity_factor), "buffers": cfg.moe_buffers}
-  kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": int(cfg.num_experts)}
-  return routed_rows(*args, **kw), received_rows(*args, **kw)
+  exchange, k = ep_buffers(cfg, ep, dispatch), int(cfg.num_experts_per_tok)
+  return routed_rows(exchange, tokens, k), received_rows(exchange, tokens, k)
+
+
+def ep_buffers(cfg: Any, ep: int, dispatch: str) -> EpBuffers:
+  """What sizes this config's expert exchange at EP `ep` under `dispatch` (`moe.settings.EpBuffers`)."""
+  nodes = expert_nodes(cfg) if ep > 1 else 1
+  return EpBuffers(
+    dispatch,
+    cfg.moe_buffers,
+    num_ranks=ep,
+    num_experts=int(cfg.num_experts),
+    capacity_factor=float(cfg.moe_capacity_factor),
+    buffer_factor=float(cfg.moe_buffer_factor),
+    nodes=nodes,
+    routing_groups=routing_groups(cfg),
+    chunks=exchange_chunks(cfg, nodes=nodes),
+  )
 
 
 def maxtext_te_block(cfg: Any) -> bool:
@@ -56,7 +71,7 @@ def experts_recomputed(cfg: Any, dispatch: str) -> bool:
   """Whether the experts' GEMM outputs are recomputed in the backward whatever the remat policy names:
   in MaxText's TE block (TE's fused moe() keeps residuals of its own, which a policy recomputes) and in
   ours under the bounded rounds (`moe.settings.outputs_recomputed`)."""
-  return maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers)
+  return maxtext_te_block(cfg) or outputs_recomputed(dispatch, cfg.moe_buffers, nodes=expert_nodes(cfg))
 
 
 def _moe_dispatch_bytes(

@@ -14,7 +14,7 @@ from typing import Any
 
 from maxtext_moe.config import hardware
 from maxtext_moe.config.hardware import Hardware
-from maxtext_moe.config.layout import mesh_sizes
+from maxtext_moe.config.layout import dispatch_for, mesh_sizes
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
@@ -229,17 +229,7 @@ def _target(cfg: Any) -> Any:
 
 def dispatch_kind(ctx: _Context, cfg: Any) -> str:
   """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for."""
-  from maxtext_moe.moe.settings import resolve_dispatch  # pylint: disable=import-outside-toplevel
-
-  sizes = mesh_sizes(cfg, ctx.num_devices)
-  return resolve_dispatch(
-    cfg.moe_dispatch,
-    ep=sizes.get("expert", 1),
-    platform=ctx.platform,
-    capacity_factor=float(cfg.moe_capacity_factor),
-    axis_sizes=sizes,
-    num_experts=int(cfg.num_experts),
-  ).value
+  return dispatch_for(cfg, num_devices=ctx.num_devices, platform=ctx.platform).value
 
 
 def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:

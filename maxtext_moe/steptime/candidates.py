@@ -79,7 +79,7 @@ class Layout:
     if self.stages > 1:
       out += ["ici_pipeline_parallelism=1", f"dcn_pipeline_parallelism={self.stages}"]
       out += [f"pipeline_parallel_layers={self.pipelined}", f"num_layers_per_pipeline_stage={self.per_stage}"]
-      out += [f"num_pipeline_microbatches={self.microbatches}", "moe_buffers=worst_case"]  # config/checks.py
+      out += [f"num_pipeline_microbatches={self.microbatches}"]
     out += [*REMATS[self.remat], f"per_device_batch_size={self.batch}", f"offload={self.offload}"]
     return out
 

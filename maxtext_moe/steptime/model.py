@@ -96,6 +96,7 @@ class Workload:
   kernels: tuple[float, float] = (0.0, 0.0)  # launched per step outside / inside command buffers or graphs
   imbalance: float = 1.0  # max/mean rows per EP rank (imbalance.py)
   host_syncs: float = 0.0
+  exchange_chunks: int = 1  # the tokens' chunks of the bounded exchange: one's exchange beside another's GEMMs
   pipeline: Pipeline = Pipeline()
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # where each part came from
 
@@ -199,6 +200,17 @@ def _transfers(w: Workload, gpu: GpuModel, parts: dict[str, float]) -> tuple[dic
   return exposed, streams
 
 
+def _beside_chunks(exchange_s: float, parts: dict[str, float], chunks: int) -> float:
+  """The expert exchange that runs beside expert GEMMs when the tokens go in `chunks` chunks: per layer,
+  chunk i + 1's dispatch and chunk i - 1's combine beside chunk i's GEMMs (XLA's latency-hiding scheduler;
+  `compile` counts it in the program), all but the first dispatch and the last combine, E (C - 1) / C of
+  the exchange E, as far as the grouped GEMMs' time G lasts: min(E (C - 1) / C, G)."""
+  if chunks <= 1:
+    return 0.0
+  grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
+  return min(exchange_s * (chunks - 1) / chunks, grouped)
+
+
 def predict(w: Workload, gpu: GpuModel) -> Prediction:
   """The step time of `w` on `gpu`."""
   parts, dense_rate = _compute(w, gpu)
@@ -206,8 +218,11 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   exposed, streams = _transfers(w, gpu, parts)
   exchange = {t.name for t in w.transfers if t.kind == "all-to-all" and not t.overlappable}
   ep_total = sum(v for k, v in exposed.items() if k in exchange)
-  if ep_total > 0:  # the shared experts hide part of the expert exchange, in proportion
-    hidden = min(w.hideable_flops / dense_rate, ep_total)
+  if ep_total > 0:  # hidden: beside other chunks' expert GEMMs, then the shared experts'; in proportion
+    beside = _beside_chunks(ep_total, parts, w.exchange_chunks)
+    if beside:
+      parts[f"expert exchange beside other chunks' expert GEMMs ({w.exchange_chunks} chunks) (overlapped)"] = beside
+    hidden = beside + min(w.hideable_flops / dense_rate, ep_total - beside)
     exposed = {k: v * (1 - hidden / ep_total) if k in exchange else v for k, v in exposed.items()}
   if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank
     grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))

@@ -35,10 +35,11 @@ from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
 from maxtext_moe.config.quantization import number_format
-from maxtext_moe.moe.settings import DispatchKind, received_rows, runs_in_rounds
+from maxtext_moe.moe.levels import expected_nodes
+from maxtext_moe.moe.settings import DispatchKind, received_rows
 from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
-from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, experts_recomputed, maxtext_te_block
+from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, ep_buffers, experts_recomputed, maxtext_te_block
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
 from maxtext_moe.steptime.counts import memory_bytes_per_token, recompute_tflops, value_of
@@ -124,29 +125,59 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
   return flops, total, shared, attention_fwd, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 
 
-def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], float, float, str]:
-  """(the expert exchange, rows per token it delivers, host syncs of its rounds, the dispatcher)."""
+def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], float, float, str, int]:
+  """(the expert exchange, one transfer per level; rows per token it delivers; host syncs of its rounds;
+  the dispatcher; the chunks it runs in)."""
   ep_ici, ep_dcn = step.sides.get("expert", (1, 1))
   ep = ep_ici * ep_dcn
   kind = DispatchKind.TE_EP if maxtext_te_block(cfg) else DispatchKind(dispatch)
   k, experts = int(cfg.num_experts_per_tok), int(cfg.num_experts)
   if not step.moe_layers or ep <= 1:
-    return [], float(k), 0.0, kind.value
-  syncs = 0.0
-  if kind == DispatchKind.TE_EP:
-    rows = step.tokens * unique_ranks(experts, k, ep)
-  else:
-    kw = {"num_ranks": ep, "capacity_factor": float(cfg.moe_capacity_factor), "buffers": cfg.moe_buffers}
-    kw |= {"buffer_factor": float(cfg.moe_buffer_factor), "num_experts": experts}
-    rows = received_rows(kind, step.tokens, k, **kw)
-    if runs_in_rounds(kind, cfg.moe_buffers):
-      syncs = step.moe_layers * (3 if step.full or step.moe_rerun else 2) * step.microbatches
+    return [], float(k), 0.0, kind.value, 1
   passes = (6 if step.full or step.moe_rerun else 4) * step.moe_layers  # dispatch + combine per pass
-  nbytes = rows * int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
+  row_bytes = int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
+  launches = passes // step.moe_layers * step.runs[1] * step.microbatches  # per micro-batch and layer run
   name = f"expert dispatch/combine ({kind.value}) x{ep}"
-  # per micro-batch and layer run (a stage's per iteration); the bytes count every token already
-  launches = passes // step.moe_layers * step.runs[1] * step.microbatches
-  return [Transfer(name, "all-to-all", nbytes, ep, ep_dcn, False, launches)], rows / step.tokens, syncs, kind.value
+  buffers = ep_buffers(cfg, ep, kind.value)
+  rounds = buffers.rounds(step.tokens, k)
+  if kind == DispatchKind.TE_EP:  # NCCL EP: a token once per rank, once per node over the network
+    rows = step.tokens * unique_ranks(experts, k, ep)
+    nodes = step.tokens * expected_nodes(
+      num_experts=experts, top_k=k, nodes=ep_dcn, routing_groups=buffers.routing_groups
+    )
+    network = nodes * (ep_dcn - 1) / ep_dcn * row_bytes if ep_dcn > 1 else None
+    return (
+      [Transfer(name, "all-to-all", rows * row_bytes, ep, ep_dcn, False, launches, network)],
+      rows / step.tokens,
+      0.0,
+      kind.value,
+      1,
+    )
+  if rounds is None:  # one exchange at its padded (worst-case or capped) buffers
+    rows = received_rows(buffers, step.tokens, k)
+    return (
+      [Transfer(name, "all-to-all", rows * row_bytes, ep, ep_dcn, False, launches)],
+      rows / step.tokens,
+      0.0,
+      kind.value,
+      1,
+    )
+  chunks, sizes = rounds
+  out = []
+  for i, level in enumerate(sizes):  # every chunk's round 0 of each level, its padded buffer on the wire
+    across = len(sizes) > 1 and i == 0
+    label = (
+      f"expert dispatch/combine ({kind.value}, {'network' if across else 'NVLink'} level) x{level.ranks}"
+      if len(sizes) > 1
+      else name
+    )
+    wire = chunks * level.recv_rows * row_bytes
+    domains = level.ranks if across else ep_dcn if len(sizes) == 1 else 1
+    network = wire * (level.ranks - 1) / level.ranks if across else None
+    out.append(Transfer(label, "all-to-all", wire, level.ranks, domains, False, launches * chunks, network))
+  calls = len(sizes) * (2 if step.full or step.moe_rerun else 1) + 1 + 2 * (len(sizes) - 1)  # each loop's test
+  syncs = step.moe_layers * step.microbatches * chunks * calls
+  return out, chunks * sizes[-1].recv_rows / step.tokens, syncs, kind.value, chunks
 
 
 def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Transfer]:
@@ -194,7 +225,7 @@ def workload(
   """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`."""
   step = _step(cfg, num_devices, dispatch)
   flops, total, shared, attention_fwd, recompute_note = _flops(cfg, step)
-  exchange, rows_per_token, host_syncs, kind = _exchange(cfg, step, dispatch)
+  exchange, rows_per_token, host_syncs, kind, chunks = _exchange(cfg, step, dispatch)
   transfers = fsdp.transfers(cfg, leaves, step.rules, step.sides, step.pipe) + exchange
   transfers += _host_transfers(cfg, leaves, step, kind) + stage_costs.sends(cfg, step.pipe, step.sides, step.micro_rows)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
@@ -210,6 +241,7 @@ def workload(
     transfers=transfers,
     hideable_flops=shared * (4 / 3 if step.full else 1) * 1e12,
     host_syncs=host_syncs,
+    exchange_chunks=chunks,
     attention_fwd_flops=attention_fwd,
     gemm_shapes=stage_costs.shapes(cfg, step.pipe, step.rows, step.micro_rows, layers),
     pipeline=stage_costs.pipeline(cfg, step.pipe, flops, layers),

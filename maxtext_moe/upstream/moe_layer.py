@@ -20,17 +20,10 @@ from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.config.keys import MoEImpl
-from maxtext_moe.config.layout import expert_parallelism, mesh_sizes
+from maxtext_moe.config.layout import dispatch_for, exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
-from maxtext_moe.moe.settings import (
-  DispatchKind,
-  GemmBackend,
-  MoESettings,
-  detect_platform,
-  resolve_backend,
-  resolve_dispatch,
-)
+from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoESettings, detect_platform, resolve_backend
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
 from maxtext_moe.upstream import pipeline, te
 from maxtext_moe.upstream.patches import Patch, original
@@ -41,19 +34,19 @@ def mesh_axis_sizes(cfg: Any) -> dict[str, int]:
   return dict(maxtext_utils.get_mesh_from_config(cfg).shape)
 
 
+def _num_devices(cfg: Any) -> int:
+  return int(cfg.recipe_num_devices) if int(cfg.recipe_num_devices) > 0 else jax.device_count()
+
+
 def resolved_kinds(cfg: Any) -> tuple[DispatchKind, GemmBackend]:
   """What `auto` becomes for this config on this platform."""
-  ep, cf = expert_parallelism(cfg), float(cfg.moe_capacity_factor)
-  sizes = mesh_sizes(cfg, int(cfg.recipe_num_devices) if int(cfg.recipe_num_devices) > 0 else jax.device_count())
-  dispatch = resolve_dispatch(
-    cfg.moe_dispatch, ep=ep, platform=detect_platform(), capacity_factor=cf, axis_sizes=sizes,
-    num_experts=int(cfg.num_experts),
-  )  # fmt: skip
+  dispatch = dispatch_for(cfg, num_devices=_num_devices(cfg), platform=detect_platform())
   return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
 
 
 def settings_from_config(cfg: Any) -> MoESettings:
   dispatch, gemm = resolved_kinds(cfg)
+  nodes = expert_nodes(cfg, _num_devices(cfg))
   return MoESettings(
     dispatch=dispatch,
     gemm=gemm,
@@ -63,6 +56,9 @@ def settings_from_config(cfg: Any) -> MoESettings:
     activation=cfg.mlp_activations[0],
     quantization=cfg.moe_gemm_quantization,
     te_recv_capacity=te.bootstrapped_capacity(),
+    ep_nodes=nodes,
+    routing_groups=routing_groups(cfg),
+    exchange_chunks=exchange_chunks(cfg, nodes=nodes),
   )
 
 
