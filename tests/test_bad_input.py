@@ -87,23 +87,42 @@ CASES = [
   ),
   # expert parallelism across nodes
   (
-    "cross_node_groups_not_on_nodes",  # the tiny model's 4 routing groups on 8 nodes
-    ["train", "dcn_expert_parallelism=8", "dcn_data_parallelism=1"],
-    "n_routing_groups=4 do not lie on whole nodes of the 8 that expert parallelism spans",
+    "cross_node_groups_not_on_nodes",  # 3 routing groups of the tiny model's 48 experts on 2 nodes
+    [
+      "train",
+      "--nodes",
+      "2",
+      "dcn_expert_parallelism=2",
+      "dcn_data_parallelism=1",
+      "num_experts=48",
+      "n_routing_groups=3",
+      "topk_routing_group=1",
+      "override_model_config=true",
+    ],
+    "n_routing_groups=3 do not split evenly over the 2 nodes expert parallelism spans (dcn_expert_parallelism)",
   ),
   (
     "cross_node_ragged",
-    ["train", "dcn_expert_parallelism=2", "dcn_data_parallelism=1", "moe_dispatch=ragged_all_to_all"],
+    ["train", "--nodes", "2", "dcn_expert_parallelism=2", "dcn_data_parallelism=1", "moe_dispatch=ragged_all_to_all"],
     "moe_dispatch=ragged_all_to_all exchanges over the whole expert axis and cannot go by node",
   ),
   (
     "cross_node_capacity",
-    ["train", "dcn_expert_parallelism=2", "dcn_data_parallelism=1", "moe_buffers=worst_case", "moe_capacity_factor=1"],
+    [
+      "train",
+      "--nodes",
+      "2",
+      "dcn_expert_parallelism=2",
+      "dcn_data_parallelism=1",
+      "moe_dispatch=all_to_all",
+      "moe_buffers=worst_case",
+      "moe_capacity_factor=1",
+    ],
     "expert parallelism across 2 nodes runs moe_dispatch=all_to_all in dropless rounds, which take no",
   ),
   (
     "cross_node_ep_not_dividing_experts",  # 16 experts over EP 3 x 2 nodes
-    ["train", "ici_expert_parallelism=3", "dcn_expert_parallelism=2", "dcn_data_parallelism=1"],
+    ["train", "--nodes", "2", "ici_expert_parallelism=3", "dcn_expert_parallelism=2", "dcn_data_parallelism=1"],
     "num_experts=16 is not divisible by expert parallelism 6",
   ),
   (

@@ -16,18 +16,34 @@ from maxtext_moe.steptime import candidates, search
 
 
 def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():
-  found = search.layouts(hardware.GPUS["h100"], 2, 128)
+  found = [c for c in search.layouts(hardware.GPUS["h100"], 2, 128) if c.dcn_ep == 1]
   assert {(c.ep, c.fsdp) for c in found} == {(1, 8), (2, 4), (4, 2), (8, 1)}
   assert {(c.dcn_fsdp, c.dcn_data) for c in found} == {(1, 2), (2, 1)}
   assert {c.remat for c in found} == set(candidates.REMATS) and len(found) == 4 * 2 * len(candidates.REMATS)
   many = search.layouts(hardware.GPUS["h100"], 8, 128)  # FSDP over half the nodes x data 2 besides
-  assert {(c.dcn_fsdp, c.dcn_data) for c in many if c.stages == 1} == {(1, 8), (8, 1), (2, 4), (4, 2)}
+  assert {(c.dcn_fsdp, c.dcn_data) for c in many if c.stages == 1 and c.dcn_ep == 1} == {(1, 8), (8, 1), (2, 4), (4, 2)}
+
+
+def test_expert_parallel_candidates_span_nodes_with_whole_routing_groups():
+  """EP across nodes: every GPU of a node on the expert axis, over node counts that divide the nodes and,
+  with the node's 8, the experts; with group-limited routing also its groups (whole groups per node)."""
+  h100 = hardware.GPUS["h100"]
+  across = {c.dcn_ep for c in search.layouts(h100, 32, 256) if c.dcn_ep > 1}
+  assert across == {2, 4, 8, 16, 32}
+  grouped = [c for c in search.layouts(h100, 32, 256, routing_groups=8) if c.dcn_ep > 1 and c.stages == 1]
+  assert {c.dcn_ep for c in grouped} == {2, 4, 8} and {(c.ep, c.fsdp) for c in grouped} == {(8, 1)}
+  assert {(c.dcn_fsdp, c.dcn_data) for c in grouped if c.dcn_ep == 8} == {(1, 4), (4, 1), (2, 2)}
+  assert "dcn_expert_parallelism=8" in next(c for c in grouped if c.dcn_ep == 8).overrides()
+  assert {c.dcn_ep for c in search.layouts(h100, 2, 128)} == {1, 2}  # 8 x 2 = 16 divides 128
+  assert {c.dcn_ep for c in search.layouts(h100, 4, 60)} == {1}  # 8 x 2 does not divide 60
 
 
 def test_nvl72_candidates_fill_a_rack_with_whole_nodes():
   gb200 = hardware.GPUS["gb200"]
   racks = search.layouts(gb200, 32, 256)  # 16 trays of a rack (72 GPUs: 18 trays do not divide 32 nodes)
-  assert {c.ep * c.fsdp for c in racks} == {64} and {(c.dcn_fsdp, c.dcn_data) for c in racks} == {(1, 2), (2, 1)}
+  within = [c for c in racks if c.dcn_ep == 1]
+  assert {c.ep * c.fsdp for c in racks} == {64} and {(c.dcn_fsdp, c.dcn_data) for c in within} == {(1, 2), (2, 1)}
+  assert {(c.ep, c.dcn_ep, c.dcn_fsdp, c.dcn_data) for c in racks if c.dcn_ep > 1} == {(64, 2, 1, 1)}
   small = search.layouts(gb200, 4, 256)  # 4 trays: one NVLink domain of 16 GPUs
   assert {c.ep * c.fsdp for c in small} == {16} and {(c.dcn_fsdp, c.dcn_data) for c in small} == {(1, 1)}
   assert {c.ep for c in search.layouts(gb200, 4, 6)} == {1, 2}, "EP divides the experts"

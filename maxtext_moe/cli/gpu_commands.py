@@ -22,7 +22,10 @@ def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
   if not ns.verbose:  # XLA's and tokamax's notes about autotuning that cannot happen without a GPU
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     logging.getLogger("absl").setLevel(logging.ERROR)
-  report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=Path(ns.hlo) if ns.hlo else None)
+  if ns.memory is not None and not 0 < ns.memory < 10_000:
+    raise UserError(f"--memory {ns.memory:g}: give the GiB of device memory to schedule for, above 0")
+  hlo_dir = Path(ns.hlo) if ns.hlo else None
+  report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=hlo_dir, memory_gib=ns.memory)
   print(json.dumps(report) if ns.json else format_report(report), file=out)
   return 0 if report["fits"] else 1
 
@@ -58,4 +61,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   add_nodes_option(p)
   p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   p.add_argument("--hlo", metavar="DIR", help="also write the optimized HLO and the JSON report to DIR")
+  p.add_argument(
+    "--memory",
+    type=float,
+    metavar="GIB",
+    help="the device memory XLA:GPU schedules the step for (default: the usable HBM, as on the GPUs). XLA's "
+    "scheduler fills what it is given (it starts host copies of offloaded state early); a smaller figure "
+    "shows whether the step fits in it, e.g. the planner's estimate",
+  )
   p.set_defaults(func=_compile)

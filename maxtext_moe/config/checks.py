@@ -129,11 +129,11 @@ def check_routing_groups_on_nodes(cfg: Any) -> None:
   nodes, groups = expert_nodes(cfg), int(cfg.n_routing_groups)
   if not _dropless(cfg) or nodes <= 1 or groups <= 0 or groups % nodes == 0:
     return
-  fits = [n for n in range(2, groups + 1) if groups % n == 0]
+  fits = ", ".join(str(n) for n in range(1, groups + 1) if groups % n == 0)
   raise ValueError(
-    f"n_routing_groups={groups} do not lie on whole nodes of the {nodes} that expert parallelism spans "
-    f"(dcn_expert_parallelism): a token's {cfg.topk_routing_group} groups would reach more nodes than that; "
-    f"span {', '.join(map(str, fits)) or 'one'} node(s) with the experts instead"
+    f"n_routing_groups={groups} do not split evenly over the {nodes} nodes expert parallelism spans "
+    f"(dcn_expert_parallelism): each node must hold whole groups for a token to cross to at most "
+    f"topk_routing_group={cfg.topk_routing_group} nodes; span a number of nodes that divides {groups} ({fits})"
   )
 
 

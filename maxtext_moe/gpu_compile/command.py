@@ -145,8 +145,12 @@ def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[s
     yield
 
 
-def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | None = None) -> dict[str, Any]:
-  """Compiles the recipe's train step for its GPUs; returns the report (`format_report` prints it)."""
+def compile_recipe(
+  name: str | None, overrides: list[str], *, hlo_dir: Path | None = None, memory_gib: float | None = None
+) -> dict[str, Any]:
+  """Compiles the recipe's train step for its GPUs; returns the report (`format_report` prints it).
+  `memory_gib`: the device memory XLA schedules for (default the usable HBM: JAX hands XLA its allocator's
+  limit, and XLA's latency-hiding scheduler fills it, host copies of offloaded state started early)."""
   from maxtext_moe.gpu_compile import report as compile_report  # pylint: disable=import-outside-toplevel
   from maxtext_moe.gpu_compile.peak import peak_live_set  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import compile as upstream_compile  # pylint: disable=import-outside-toplevel
@@ -167,9 +171,10 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
   planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   # The device memory XLA compiles for is the allocator's share of it, as JAX passes it on a GPU.
   usable = compile_report.usable_bytes(target.gpu, recipe)
+  schedule_for = int(memory_gib * 2**30) if memory_gib else usable
   devices = upstream_compile.gpu_topology(
-    hardware.target_config(target.gpu, memory_bytes=usable), partitions=1, hosts_per_partition=target.devices,
-    devices_per_host=1,
+    hardware.target_config(target.gpu, memory_bytes=schedule_for), partitions=1,
+    hosts_per_partition=target.devices, devices_per_host=1,
   )  # fmt: skip
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
   # State MaxText keeps on the host stays there in the program, as on the GPUs (`upstream.compile`)
@@ -185,6 +190,7 @@ def compile_recipe(name: str | None, overrides: list[str], *, hlo_dir: Path | No
     compile_s=time.monotonic() - start,
   )  # fmt: skip
   report["planner"], report["te_ep_handles"] = planned, list(handles.values())
+  report["scheduled_for_bytes"] = schedule_for
   compile_report.compare(report)
   if hlo_dir is not None:
     report["peak"] = peak_live_set(hlo_dir / "xla")

@@ -2,12 +2,14 @@
 
 Hand-written because no library reads XLA's HLO text from Python (jax exposes the text, not the module).
 It parses computations and instructions, walks the call graph from ENTRY with each computation's
-executions per step (a while body runs its `known_trip_count` times; a conditional's branches at most once
-per execution of the conditional; fusion bodies are one kernel, not walked), and reports:
+executions per step (a while body runs its `known_trip_count` times, one without it at most once per
+execution of the loop; a conditional's branches at most once per execution of the conditional; fusion
+bodies are one kernel, not walked), and reports:
 
 - collectives by kind: executions per step, bytes per step (the result's size, an async pair's too),
-  group size, the named mesh axes its groups span, async or not, and whether inside a conditional's
-  branch (then counted as if the branch ran every time);
+  group size, the named mesh axes its groups span, async or not, and whether inside a conditional's branch
+  or an unknown-trip loop's body (then counted as if it ran once each time; the bounded rounds' further
+  rounds, which natural routing does not need);
 - host transfers: copies into or out of host memory (memory space S(5)), executions and bytes;
 - conditionals and loops: a `conditional` outside a command buffer and a `while` without a known trip count
   are host syncs on XLA:GPU (the predicate is copied to the host and the host waits for the stream), each
@@ -109,7 +111,9 @@ class CallGraph:
 
 def executions(comps: dict[str, list[Instr]], entry: str) -> CallGraph:
   """The call graph from ENTRY. Fusion bodies and reductions' `to_apply` are not kernels of their own and are
-  left out; a branch counts as running every time its conditional does (an upper bound)."""
+  left out; a branch counts as running every time its conditional does, and the body of a loop without a
+  known trip count once every time the loop does (upper bounds), both as "in a branch": they may not run
+  (the bounded rounds' further rounds run only when some rank needs them)."""
   graph = CallGraph(defaultdict(float), {}, {})
   stack = [(entry, 1.0, False, False)]
   while stack:
@@ -125,7 +129,8 @@ def executions(comps: dict[str, list[Instr]], entry: str) -> CallGraph:
           continue
         times = n * (int(trip.group(1)) if trip and kind == "body" else 1)
         inside = buffered or "command_buffer" in callee or "command_buffer" in ins.name
-        stack.append((callee, times, inside, branch or ins.opcode == "conditional"))
+        maybe = ins.opcode == "conditional" or (ins.opcode == "while" and kind == "body" and not trip)
+        stack.append((callee, times, inside, branch or maybe))
   return graph
 
 
@@ -255,6 +260,7 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
       out["host_syncs_per_step_at_most"] += n * syncs
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
   return {
+    **exchange_overlap(comps, graph),
     "collectives": collectives,
     "te_ep_calls": exchanges,
     "host_transfers": host,
@@ -263,6 +269,32 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
     **out,
     **schedule(comps),
   }
+
+
+def exchange_overlap(comps: dict[str, list[Instr]], graph: CallGraph) -> dict[str, float]:
+  """How much of the expert exchange (all-to-alls outside branches) runs beside a GEMM, per step: an async
+  all-to-all whose start and done have a GEMM scheduled between them in its computation (the optimized
+  HLO lists each computation in schedule order). Bytes as `report`'s (the result's size)."""
+  total = beside = 0.0
+  for comp, instrs in comps.items():
+    n = graph.runs.get(comp, 0.0)
+    if not n or graph.in_branch.get(comp):
+      continue
+    started: dict[str, tuple[int, int]] = {}  # an all-to-all-start's name -> (its position, its bytes)
+    gemms_before = []  # GEMMs scheduled so far, counted
+    for ins in instrs:
+      if ins.opcode == "all-to-all" or ins.opcode == "all-to-all-start":
+        total += n * array_bytes(result_shape(ins))
+        if ins.opcode == "all-to-all-start":
+          started[ins.name] = (len(gemms_before), array_bytes(result_shape(ins)))
+      elif ins.opcode == "all-to-all-done":
+        name = re.match(r"\s*%?([\w.\-]+)", ins.rest.split(",")[0].split(")")[0].lstrip("("))
+        start = started.pop(name.group(1), None) if name else None
+        if start is not None and len(gemms_before) > start[0]:
+          beside += n * start[1]
+      elif gemm_kind(ins):
+        gemms_before.append(ins.name)
+  return {"exchange_bytes": total, "exchange_beside_gemm_bytes": beside}
 
 
 _QUEUE = re.compile(r'"operation_queue_id":"(\d+)"')

@@ -50,6 +50,8 @@ def build(
     "te_ep_calls": program["te_ep_calls"],
     "host_transfers": transfers,
     "host_transfer_bytes": sum(r["bytes"] for r in transfers.values()),
+    "exchange_bytes": program["exchange_bytes"],
+    "exchange_beside_gemm_bytes": program["exchange_beside_gemm_bytes"],
     "host_syncs_per_step": program["host_syncs_per_step"],
     "host_syncs_per_step_at_most": program["host_syncs_per_step_at_most"],
     "conditionals": program["conditionals"],
@@ -123,6 +125,11 @@ def format_report(r: dict[str, Any]) -> str:
     f"  {'device total':<36}{_gib(r['device_bytes']):>12}{planned}",
     f"  {'host (offloaded)':<36}{_gib(r['host_bytes']):>12}{_gib(r['planner_host_bytes']):>13}",
     f"  {'usable HBM':<36}{_gib(r['usable_hbm_bytes']):>12}   {'FITS' if r['fits'] else 'DOES NOT FIT'}",
+    *(
+      [f"  {'scheduled for (--memory)':<36}{_gib(r['scheduled_for_bytes']):>12}"]
+      if r.get("scheduled_for_bytes", r["usable_hbm_bytes"]) != r["usable_hbm_bytes"]
+      else []
+    ),
     "",
     "  collectives per step (one GPU)              count        GiB",
   ]
@@ -137,6 +144,12 @@ def format_report(r: dict[str, Any]) -> str:
     )
   for key, row in sorted(r["host_transfers"].items()):
     lines.append(f"  host transfers {key:<29}{row['count']:>8,.0f}{_gib(row['bytes']):>11}")
+  if r.get("exchange_bytes"):
+    beside = r["exchange_beside_gemm_bytes"]
+    lines.append(
+      f"  expert exchange beside a GEMM: {_gib(beside)} of {_gib(r['exchange_bytes'])} GiB per step "
+      f"({beside / r['exchange_bytes']:.0%}; all-to-alls with a GEMM scheduled between their start and done)"
+    )
   lines += [
     "",
     f"  host syncs per step: {r['host_syncs_per_step']:,.0f}, at most {r['host_syncs_per_step_at_most']:,.0f} "

@@ -36,8 +36,10 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
       extra.append("moe_gemm_quantization=none")
       said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
   stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
-  # Under pipeline stages the container's `auto` is all_to_all too (TE's NCCL EP is not vmapped over them)
-  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1 and stages == 1:
+  # Under pipeline stages the container's `auto` is all_to_all too (TE's NCCL EP is not vmapped over them),
+  # and so is a dropless te_ep across nodes (`moe.settings.resolve_dispatch`: the two-level rounds)
+  across = int(keys.maxtext["dcn_expert_parallelism"]) > 1 and float(keys.plugin.moe_capacity_factor) <= 0
+  if not te_available and dispatch in ("auto", "te_ep") and keys.expert_parallelism > 1 and stages == 1 and not across:
     ep_extra, ep_said = _te_ep_substitution(recipe, dispatch)
     extra, said = extra + ep_extra, said + ep_said
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)

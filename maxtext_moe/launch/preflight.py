@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.config import checks
+from maxtext_moe.config.layout import expert_nodes, expert_parallelism
 from maxtext_moe.config.quantization import quantization_name
 from maxtext_moe.errors import UserError
 
@@ -148,6 +149,11 @@ def check_moe_path(cfg: Any) -> None:
         "use moe_gemm_backend=auto"
       )
     settings.check_quantization(cfg.moe_gemm_quantization, gemm, dispatch)
+    nodes = expert_nodes(cfg)
+    settings.check_buffers(dispatch, cfg.moe_buffers, capacity_factor=float(cfg.moe_capacity_factor), nodes=nodes)
+    if note := settings.cross_node_note(cfg.moe_dispatch, dispatch, ep=expert_parallelism(cfg), nodes=nodes):
+      if jax_platform() == "gpu":  # where TE's NCCL EP would have run
+        print(f"maxtext-moe: note: {note}", file=sys.stderr)
     if str(cfg.moe_gemm_quantization) != "none":
       supported, why = te.scaling_mode_supported(str(cfg.moe_gemm_quantization))
       if not supported:

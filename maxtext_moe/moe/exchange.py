@@ -84,11 +84,26 @@ class Exchange:
       x_TD, ids_TK, weights_TK, dest_TJ, num_rows=send_rows, experts_per_rank=self.local_experts, rank_TJ=rank_TJ
     )
     if not self.ragged:
-      return tuple(self._padded(a) for a in send), Trip(sent_TP, dest_TJ, None)
+      return self._padded_together(*send), Trip(sent_TP, dest_TJ, None)
     sizes_PP = jax.lax.all_gather(jnp.sum(sent_TP, axis=0, dtype=jnp.int32), self.axis)
     empty = permute.empty_rows(recv_rows, *send, experts_per_rank=self.local_experts)
     recv = tuple(self._ragged(a, out, sizes_PP, back=False) for a, out in zip(send, empty, strict=True))
     return recv, Trip(sent_TP, dest_TJ, sizes_PP)
+
+  def _padded_together(self, x_ND: jax.Array, ids_NK: jax.Array, w_NK: jax.Array) -> tuple[jax.Array, ...]:
+    """The rows' features, weights and ids in one padded collective, not three: the ids as numbers in the
+    features' dtype, exact while they stay below 2^(mantissa bits + 1) (256 in bf16: ids are local expert ids,
+    at most `local_experts`), never as bit patterns (small ints are subnormal floats, which XLA may flush).
+    One launch instead of three, and no small collectives between the large ones for XLA's scheduler to
+    order (it runs one at a time beside the GEMMs). Otherwise (other dtypes, more local experts) three."""
+    exact = 2 ** (jnp.finfo(x_ND.dtype).nmant + 1) if jnp.issubdtype(x_ND.dtype, jnp.floating) else 0
+    if w_NK.dtype != x_ND.dtype or self.local_experts > exact:
+      return tuple(self._padded(a) for a in (x_ND, ids_NK, w_NK))
+    d, k = x_ND.shape[1], ids_NK.shape[1]
+    ids_as = jax.lax.stop_gradient(ids_NK.astype(x_ND.dtype))
+    out = self._padded(jnp.concatenate([x_ND, w_NK, ids_as], axis=1))
+    ids_out = jnp.round(out[:, d + k :].astype(jnp.float32)).astype(jnp.int32)
+    return out[:, :d], ids_out, out[:, d : d + k]
 
   def back(self, partial_SD: jax.Array, trip: Trip, *, send_rows: int) -> jax.Array:
     """y_TD: each token's results summed over the ranks it was sent to."""

@@ -120,27 +120,45 @@ class _Runner:
       count_rows=size.counts_rows,
     )
 
+  def there(self, level: int, r, x_TD, ids_TK, w_TK, plan: RoundPlan) -> tuple:
+    """Round r's rows of `level` to their ranks: ((received x, ids, weights), the trip, its stats)."""
+    ex, size = self.exchanges[level], self.sizes[level]
+    sent_TP = plan.needs_TP & (plan.round_TP == r)
+    recv, trip = ex.there(x_TD, ids_TK, w_TK, sent_TP, plan.slot_TP, send_rows=size.recv_rows, recv_rows=size.recv_rows)
+    if level + 1 < len(self.exchanges):  # the network level: rows to another node
+      own = jax.lax.axis_index(ex.axis) // (self.exchanges[level + 1].num_ranks)
+      return (
+        recv,
+        trip,
+        {"rows_sent_network": jnp.sum(sent_TP, dtype=jnp.float32) - jnp.sum(sent_TP[:, own], dtype=jnp.float32)},
+      )
+    return recv, trip, {"rows_sent": jnp.sum(sent_TP, dtype=jnp.float32)}
+
+  def middle(self, level: int, recv: tuple, weights) -> tuple[jax.Array, dict]:
+    """What the received rows of `level` come back as (each row's routing-weighted sum over its experts
+    here): the next level's rounds, or at the last level the experts' GEMMs. ([S, D], its stats)."""
+    recv_x_SD, recv_ids_SK, recv_w_SK = recv
+    if level + 1 < len(self.exchanges):
+      (partial_SD,), inner = _rounds(self, level + 1, (recv_x_SD,), (recv_ids_SK,), (recv_w_SK,), weights)
+      return partial_SD, jax.lax.stop_gradient(inner)
+    rows_QD, group_sizes, order_Q = _expand(
+      recv_x_SD,
+      recv_ids_SK,
+      local_experts=self.exchanges[level].local_experts,
+      num_pairs=levels.gemm_rows(self.sizes, self.top_k),
+    )
+    out_QD = self.experts.with_weights(weights)(rows_QD, group_sizes)
+    return _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes)), {}
+
+  def back(self, level: int, partial_SD: jax.Array, trip) -> jax.Array:
+    return self.exchanges[level].back(partial_SD, trip, send_rows=self.sizes[level].recv_rows)
+
   def round(self, level: int, r, x_TD, ids_TK, w_TK, weights, plan: RoundPlan) -> tuple[jax.Array, dict]:
     """One round of `level`: its rows there, the next level's rounds (or the experts) on what arrived,
     the results back. Returns (y_TD, {stat: value} of this round)."""
-    ex, size = self.exchanges[level], self.sizes[level]
-    sent_TP = plan.needs_TP & (plan.round_TP == r)
-    (recv_x_SD, recv_ids_SK, recv_w_SK), trip = ex.there(
-      x_TD, ids_TK, w_TK, sent_TP, plan.slot_TP, send_rows=size.recv_rows, recv_rows=size.recv_rows
-    )
-    stats = {"rows_sent": jnp.sum(sent_TP, dtype=jnp.float32)}
-    if level + 1 < len(self.exchanges):  # the network level: the node's own ranks over NVLink
-      own = jax.lax.axis_index(ex.axis) // (self.exchanges[level + 1].num_ranks)
-      stats = {"rows_sent_network": stats["rows_sent"] - jnp.sum(sent_TP[:, own], dtype=jnp.float32)}
-      (partial_SD,), inner = _rounds(self, level + 1, (recv_x_SD,), (recv_ids_SK,), (recv_w_SK,), weights)
-      stats |= jax.lax.stop_gradient(inner)
-    else:
-      rows_QD, group_sizes, order_Q = _expand(
-        recv_x_SD, recv_ids_SK, local_experts=ex.local_experts, num_pairs=levels.gemm_rows(self.sizes, self.top_k)
-      )
-      out_QD = self.experts.with_weights(weights)(rows_QD, group_sizes)
-      partial_SD = _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes))
-    return ex.back(partial_SD, trip, send_rows=size.recv_rows), stats
+    recv, trip, stats = self.there(level, r, x_TD, ids_TK, w_TK, plan)
+    partial_SD, inner = self.middle(level, recv, weights)
+    return self.back(level, partial_SD, trip), stats | inner
 
   def forward(self, level: int, xs, ids, ws, weights) -> tuple[tuple, dict, tuple]:
     """(y per chunk, the stats, the plans): every chunk's round 0, then each chunk's further rounds."""
@@ -160,20 +178,22 @@ class _Runner:
     return tuple(ys), functools.reduce(_add, stats), plans
 
   def backward(self, level: int, xs, ids, ws, weights, plans, ys_bar) -> tuple:
-    """Cotangents of (xs, ids, ws, weights): each round's forward recomputed and transposed."""
+    """Cotangents of (xs, ids, ws, weights): each round's forward recomputed and transposed, every chunk's
+    round 0 first."""
 
-    def grads(r, c):
+    def vjp(r, c):
       def f(x, w, weights):
         return self.round(level, r, x, ids[c], w, weights, plans[c])[0]
 
-      return jax.vjp(f, xs[c], ws[c], weights)[1](ys_bar[c])
+      return jax.vjp(f, xs[c], ws[c], weights)[1]
 
+    firsts = [vjp(0, c)(ys_bar[c]) for c in range(len(xs))]
     out = []
-    for c, g0 in enumerate([grads(0, c) for c in range(len(xs))]):
+    for c, g0 in enumerate(firsts):
 
       def body(carry, c=c):
         r, g = carry
-        return r + 1, jax.tree.map(jnp.add, g, grads(r, c))
+        return r + 1, jax.tree.map(jnp.add, g, vjp(r, c)(ys_bar[c]))
 
       out.append(jax.lax.while_loop(lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0))[1])
     dxs, dws = tuple(g[0] for g in out), tuple(g[1] for g in out)

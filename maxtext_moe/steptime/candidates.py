@@ -3,6 +3,9 @@ trays) and across domains:
 - EP x FSDP inside a domain: every split whose EP divides the experts;
 - across domains: data parallel (each domain a replica: what fits one domain fits N), FSDP over all of
   them, FSDP 2 x data parallel the rest, or (over more than 4 domains) FSDP over half of them x data 2;
+- expert parallelism across domains: every GPU of a domain on the expert axis, over 2, 4, ... domains
+  (`_ep_across`: dividing the experts, and group-limited routing's groups), the domains left over laid out
+  as above;
 - for a DeepSeek decoder, pipeline stages across domains as well (2, 4 or 8 where they divide the domains
   and the MoE layers allow), the domains left over laid out as above; each pipelines the largest multiple
   of the stages among the MoE layers (`pipeline_parallel_layers`; the rest run before the pipeline, MaxText's
@@ -62,6 +65,7 @@ class Layout:
   stages: int = 1  # pipeline stages across domains (dcn_pipeline_parallelism)
   pipelined: int = 0  # pipeline_parallel_layers
   microbatches: int = 0  # num_pipeline_microbatches
+  dcn_ep: int = 1  # expert parallelism across domains (dcn_expert_parallelism): EP ep x dcn_ep in all
 
   @property
   def per_stage(self) -> int:
@@ -75,6 +79,7 @@ class Layout:
 
   def overrides(self) -> list[str]:
     out = [f"ici_expert_parallelism={self.ep}", f"ici_fsdp_parallelism={self.fsdp}"]
+    out += [f"dcn_expert_parallelism={self.dcn_ep}"]
     out += [f"dcn_fsdp_parallelism={self.dcn_fsdp}", f"dcn_data_parallelism={self.dcn_data}"]
     if self.stages > 1:
       out += ["ici_pipeline_parallelism=1", f"dcn_pipeline_parallelism={self.stages}"]
@@ -93,6 +98,8 @@ class Layout:
       out.append(f"{self.offload.replace('_', ' and ')} in host memory (PCIe/C2C traffic each step)")
     if self.dcn_fsdp > 1:
       out.append(f"weights gathered over the network ({self.dcn_fsdp} domains)")
+    if self.dcn_ep > 1:
+      out.append(f"tokens sent over the network to experts in {self.dcn_ep} domains")
     if self.stages > 1:
       out.append(f"a pipeline bubble of {self.bubble:.1%}; activations sent between stages over the network")
     return "; ".join(out)
@@ -116,10 +123,23 @@ def _across(domains: int) -> list[tuple[int, int]]:
   return out
 
 
-def layouts(gpu: hardware.GpuModel, nodes: int, num_experts: int, *, moe_layers: int = 0) -> list[Layout]:
+def _ep_across(ici: int, domains: int, num_experts: int, routing_groups: int) -> list[int]:
+  """Degrees of expert parallelism across domains, with the whole domain on the expert axis: those that
+  divide the domains and, with the domain's EP, the experts; and with group-limited routing the groups
+  (whole groups on each domain, `config/checks.py`)."""
+  return [
+    d
+    for d in _divisors(domains)[1:]
+    if num_experts % (ici * d) == 0 and (routing_groups <= 0 or routing_groups % d == 0)
+  ]
+
+
+def layouts(
+  gpu: hardware.GpuModel, nodes: int, num_experts: int, *, moe_layers: int = 0, routing_groups: int = 0
+) -> list[Layout]:
   """Every candidate layout (batch 1, no offload) on `nodes` nodes of `gpu`; with pipeline stages across
   domains for a DeepSeek decoder of `moe_layers` MoE layers (0: none), at as many microbatches as stages
-  (`microbatch_counts` gives the others)."""
+  (`microbatch_counts` gives the others); and with expert parallelism across domains (`_ep_across`)."""
   g = gpu.gpus_per_node
   per_domain = max(k for k in range(1, nodes + 1) if nodes % k == 0 and k * g <= max(gpu.nvlink_domain, g))
   ici = per_domain * g
@@ -134,6 +154,12 @@ def layouts(gpu: hardware.GpuModel, nodes: int, num_experts: int, *, moe_layers:
         out += [
           Layout(ep, ici // ep, dcn_fsdp, dcn_data, remat, 1, "none", stages, pipelined, stages * (stages > 1))
           for remat in REMATS
+        ]
+    for dcn_ep in _ep_across(ici, domains // stages, num_experts, routing_groups):
+      for dcn_fsdp, dcn_data in _across(domains // stages // dcn_ep):
+        micro = stages * (stages > 1)
+        out += [
+          Layout(ici, 1, dcn_fsdp, dcn_data, remat, 1, "none", stages, pipelined, micro, dcn_ep) for remat in REMATS
         ]
   return out
 

@@ -80,6 +80,21 @@ CONSTANTS: dict[str, Constant] = {
   ),
 }
 
+# Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
+# chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM")
+# of h100x8/deepseek3-671b at EP 8 x 8 nodes (December 2026), not fitted to any time.
+EXCHANGE_BESIDE = {
+  1: Constant(2.08 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 1 chunk: 2.08 of 290.0 GiB per step"),
+  2: Constant(67.6 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 2 chunks: 67.6 of 290.0 GiB per step"),
+  4: Constant(86.9 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 4 chunks: 86.9 of 290.0 GiB per step"),
+}
+
+
+def exchange_beside(chunks: int) -> float:
+  """`EXCHANGE_BESIDE` at the largest measured chunk count not above `chunks`."""
+  return EXCHANGE_BESIDE[max(c for c in EXCHANGE_BESIDE if c <= max(chunks, 1))].value
+
+
 HOST_LINK_GBS = {  # one direction, per GPU
   "pcie5": Constant(64.0, "PCIe 5.0 x16: 64 GB/s per direction (PCI-SIG)"),
   "c2c": Constant(

@@ -27,6 +27,7 @@ class Found:
   def row(self) -> dict[str, Any]:
     return {
       "ep": self.layout.ep,
+      "ep_across": self.layout.dcn_ep,
       "fsdp_per_domain": self.layout.fsdp,
       "fsdp_across": self.layout.dcn_fsdp,
       "data_across": self.layout.dcn_data,
@@ -101,7 +102,7 @@ def _state_floor(ctx: Any, cfg: Any, layout: Layout) -> Any:
   from maxtext_moe.planner import divisibility, stages  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.estimate import _state_bytes  # pylint: disable=import-outside-toplevel
 
-  ep = layout.ep * max(int(cfg.dcn_expert_parallelism), 1)
+  ep = layout.ep * layout.dcn_ep
   sizes = {"expert": ep, "fsdp": layout.fsdp * layout.dcn_fsdp, "data": layout.dcn_data, "stage": layout.stages}
   pipe = None
   if layout.stages > 1:
@@ -147,7 +148,8 @@ def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
   from maxtext_moe.planner.memory_plan import _estimate  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
 
-  label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f", {layout.stages} stages" if layout.stages > 1 else "")
+  label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f" x EP {layout.dcn_ep} across" if layout.dcn_ep > 1 else "")
+  label += f", {layout.stages} stages" if layout.stages > 1 else ""
   batch_total = global_batch(layout.batch, ctx.num_devices, int(cand.gradient_accumulation_steps))
   best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label))
   if layout.stages <= 1:

@@ -15,8 +15,9 @@
                latency per launch (`latency.py`)
   overlap      FSDP weight gathers, gradient reductions and host offload copies run on their own streams
                beside the compute (XLA's latency-hiding scheduler): only what exceeds the compute is exposed;
-               the expert exchange (dispatch and combine) waits for the router and feeds the expert GEMMs, so
-               only the shared experts' GEMMs hide it
+               the expert exchange (dispatch and combine) waits for the router and feeds the expert GEMMs:
+               the share XLA:GPU schedules beside GEMMs (our rounds: measured in compiled programs by the
+               tokens' chunks, or `compile`'s own figure) and the shared experts' GEMMs hide it
   host         host syncs (a conditional outside a command buffer, `compile`'s count) at a launch latency
                each; the gaps between kernels, in and outside command buffers (`launch.py`)
   bubble       pipeline stages (`Pipeline`): delay x (S - 1) / (virtual x microbatches) of the pipelined
@@ -96,7 +97,7 @@ class Workload:
   kernels: tuple[float, float] = (0.0, 0.0)  # launched per step outside / inside command buffers or graphs
   imbalance: float = 1.0  # max/mean rows per EP rank (imbalance.py)
   host_syncs: float = 0.0
-  exchange_chunks: int = 1  # the tokens' chunks of the bounded exchange: one's exchange beside another's GEMMs
+  exchange_beside: float = 0.0  # of the expert exchange, the share XLA:GPU runs beside GEMMs (`_beside_gemms`)
   pipeline: Pipeline = Pipeline()
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # where each part came from
 
@@ -200,15 +201,12 @@ def _transfers(w: Workload, gpu: GpuModel, parts: dict[str, float]) -> tuple[dic
   return exposed, streams
 
 
-def _beside_chunks(exchange_s: float, parts: dict[str, float], chunks: int) -> float:
-  """The expert exchange that runs beside expert GEMMs when the tokens go in `chunks` chunks: per layer,
-  chunk i + 1's dispatch and chunk i - 1's combine beside chunk i's GEMMs (XLA's latency-hiding scheduler;
-  `compile` counts it in the program), all but the first dispatch and the last combine, E (C - 1) / C of
-  the exchange E, as far as the grouped GEMMs' time G lasts: min(E (C - 1) / C, G)."""
-  if chunks <= 1:
-    return 0.0
-  grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
-  return min(exchange_s * (chunks - 1) / chunks, grouped)
+def _beside_gemms(exchange_s: float, parts: dict[str, float], share: float) -> float:
+  """The expert exchange hidden beside GEMMs: the share of its bytes XLA:GPU's program schedules with a GEMM
+  between its start and done (`compile`'s report, or by chunks `constants.exchange_beside`), at most the
+  GEMMs' own time."""
+  gemms = sum(v for k, v in parts.items() if "GEMMs" in k)
+  return min(exchange_s * share, gemms)
 
 
 def predict(w: Workload, gpu: GpuModel) -> Prediction:
@@ -219,9 +217,9 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   exchange = {t.name for t in w.transfers if t.kind == "all-to-all" and not t.overlappable}
   ep_total = sum(v for k, v in exposed.items() if k in exchange)
   if ep_total > 0:  # hidden: beside other chunks' expert GEMMs, then the shared experts'; in proportion
-    beside = _beside_chunks(ep_total, parts, w.exchange_chunks)
+    beside = _beside_gemms(ep_total, parts, w.exchange_beside)
     if beside:
-      parts[f"expert exchange beside other chunks' expert GEMMs ({w.exchange_chunks} chunks) (overlapped)"] = beside
+      parts[f"expert exchange beside GEMMs ({w.exchange_beside:.0%} of it) (overlapped)"] = beside
     hidden = beside + min(w.hideable_flops / dense_rate, ep_total - beside)
     exposed = {k: v * (1 - hidden / ep_total) if k in exchange else v for k, v in exposed.items()}
   if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank

@@ -14,9 +14,9 @@ from maxtext_moe.steptime.workload import workload
 
 def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[int, int]] | None = None) -> Workload:
   """`w` with its FSDP/gradient collectives and host syncs replaced by those of `compile`'s report of the
-  XLA:GPU program (`compile --json`, or `compile.json` from `--hlo DIR`). The expert exchange stays
-  analytic: without TE the compile runs all_to_all (or its bounded rounds) where the container runs TE's
-  NCCL EP."""
+  XLA:GPU program (`compile --json`, or `compile.json` from `--hlo DIR`). The expert exchange's bytes stay
+  analytic (without TE the compile runs all_to_all where the container runs TE's NCCL EP); where ours is
+  the container's too (all_to_all), the share of it the program runs beside GEMMs is the program's."""
   kept = [t for t in w.transfers if t.kind in ("all-to-all", "host", "p2p")]
   devices = int(report["devices"])
   partitions = max(int(report.get("partitions", 1)), 1)
@@ -37,7 +37,12 @@ def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[in
     "XLA:GPU's compiled program (all-gathers, reduce-scatters, all-reduces, host syncs); the expert exchange analytic"
   )
   host_syncs = float(report.get("host_syncs_per_step", w.host_syncs))
-  return dataclasses.replace(w, transfers=kept, host_syncs=host_syncs, sources=sources)
+  beside = w.exchange_beside
+  ours = any(t.kind == "all-to-all" and "(all_to_all" in t.name for t in w.transfers)  # not TE's NCCL EP
+  if ours and report.get("exchange_bytes"):  # the share of our exchange the program runs beside GEMMs
+    beside = float(report["exchange_beside_gemm_bytes"]) / float(report["exchange_bytes"])
+    sources["expert exchange beside GEMMs"] = f"XLA:GPU's compiled program: {beside:.0%} of its bytes"
+  return dataclasses.replace(w, transfers=kept, host_syncs=host_syncs, sources=sources, exchange_beside=beside)
 
 
 def imbalance_of(cfg: Any, num_devices: int, run_dir: Any) -> Imbalance:

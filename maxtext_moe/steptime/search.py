@@ -119,7 +119,11 @@ def search(base: Base) -> tuple[list[Found], int, Any]:
     raise UserError(f"{base.what} runs on CPU here; --search lays a model out on GPUs: pass --gpu GPU")
   found, tried = [], 0
   floors: dict[Layout, int] = {}  # (a layout under full remat, at a batch) -> the offload that fit it
-  for start in layouts(gpu, int(cfg.nodes), max(int(cfg.num_experts), 1), moe_layers=fitting.pipelinable(cfg)):
+  groups = int(cfg.n_routing_groups or -1)
+  every = layouts(
+    gpu, int(cfg.nodes), max(int(cfg.num_experts), 1), moe_layers=fitting.pipelinable(cfg), routing_groups=groups
+  )
+  for start in every:
     first, half = 0, None
     for batch in BATCHES:  # each twice the one before
       full = dataclasses.replace(start, remat="full", batch=batch)
@@ -156,9 +160,8 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
     t.add_column(col, justify="left" if col in ("remat", "offload", "gives up", "across domains") else "right")
   for i, f in enumerate(found[:top], 1):
     lay = f.layout
-    across = ", ".join(
-      x for x in (f"FSDP {lay.dcn_fsdp}" * (lay.dcn_fsdp > 1), f"data {lay.dcn_data}" * (lay.dcn_data > 1)) if x
-    )
+    parts = (f"EP {lay.dcn_ep}" * (lay.dcn_ep > 1), f"FSDP {lay.dcn_fsdp}" * (lay.dcn_fsdp > 1))
+    across = ", ".join(x for x in (*parts, f"data {lay.dcn_data}" * (lay.dcn_data > 1)) if x)
     staged = lay.stages > 1
     t.add_row(
       str(i), f"{lay.ep} x {lay.fsdp}", across or "-", str(lay.stages) if staged else "-",
@@ -177,7 +180,9 @@ def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | Non
   )
   header = [
     f"Written by: {command}",
-    f"{base.what}: EP {lay.ep} x FSDP {lay.fsdp} per NVLink domain{stages}, "
+    f"{base.what}: EP {lay.ep} x FSDP {lay.fsdp} per NVLink domain{stages}"
+    + (f", EP {lay.dcn_ep} across domains" if lay.dcn_ep > 1 else "")
+    + ", "
     f"{lay.remat} remat, offload {lay.offload}, global batch {chosen.global_batch:,} sequences.",
     f"Planned {chosen.device_gib:.1f} GiB per GPU" + (f" of {hbm_gib:.1f} usable" if hbm_gib else "") + "; "
     f"step-time model: {pred.tflops_per_gpu:,.0f} TFLOP/s and {pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.",

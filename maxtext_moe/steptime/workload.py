@@ -42,6 +42,7 @@ from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
 from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, ep_buffers, experts_recomputed, maxtext_te_block
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
+from maxtext_moe.steptime.constants import exchange_beside
 from maxtext_moe.steptime.counts import memory_bytes_per_token, recompute_tflops, value_of
 from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance
 from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
@@ -125,59 +126,48 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
   return flops, total, shared, attention_fwd, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"
 
 
-def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], float, float, str, int]:
+def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], float, float, str, float]:
   """(the expert exchange, one transfer per level; rows per token it delivers; host syncs of its rounds;
-  the dispatcher; the chunks it runs in)."""
+  the dispatcher; the share of it XLA:GPU runs beside GEMMs, `constants.exchange_beside`)."""
   ep_ici, ep_dcn = step.sides.get("expert", (1, 1))
   ep = ep_ici * ep_dcn
   kind = DispatchKind.TE_EP if maxtext_te_block(cfg) else DispatchKind(dispatch)
   k, experts = int(cfg.num_experts_per_tok), int(cfg.num_experts)
   if not step.moe_layers or ep <= 1:
-    return [], float(k), 0.0, kind.value, 1
-  passes = (6 if step.full or step.moe_rerun else 4) * step.moe_layers  # dispatch + combine per pass
-  row_bytes = int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * passes
-  launches = passes // step.moe_layers * step.runs[1] * step.microbatches  # per micro-batch and layer run
-  name = f"expert dispatch/combine ({kind.value}) x{ep}"
+    return [], float(k), 0.0, kind.value, 0.0
   buffers = ep_buffers(cfg, ep, kind.value)
-  rounds = buffers.rounds(step.tokens, k)
-  if kind == DispatchKind.TE_EP:  # NCCL EP: a token once per rank, once per node over the network
-    rows = step.tokens * unique_ranks(experts, k, ep)
-    nodes = step.tokens * expected_nodes(
-      num_experts=experts, top_k=k, nodes=ep_dcn, routing_groups=buffers.routing_groups
-    )
-    network = nodes * (ep_dcn - 1) / ep_dcn * row_bytes if ep_dcn > 1 else None
-    return (
-      [Transfer(name, "all-to-all", rows * row_bytes, ep, ep_dcn, False, launches, network)],
-      rows / step.tokens,
-      0.0,
-      kind.value,
-      1,
-    )
-  if rounds is None:  # one exchange at its padded (worst-case or capped) buffers
-    rows = received_rows(buffers, step.tokens, k)
-    return (
-      [Transfer(name, "all-to-all", rows * row_bytes, ep, ep_dcn, False, launches)],
-      rows / step.tokens,
-      0.0,
-      kind.value,
-      1,
-    )
+  rounds = buffers.rounds(step.tokens, k) if kind != DispatchKind.TE_EP else None
+  # One-way exchanges per layer: dispatch and combine in the forward, again in a full remat's, transposed
+  # in the backward. In rounds 5 whatever the remat: the forward's two, the custom VJP's dispatch again and
+  # both transposed (XLA drops a full remat's second forward of it, whose outputs feed nothing the backward
+  # reads: XLA:GPU's 671B program moves 5 per layer).
+  per_layer = 5 if rounds else 6 if step.full or step.moe_rerun else 4
+  row_bytes = int(cfg.emb_dim) * dtype_bytes(cfg.dtype) * per_layer * step.moe_layers
+  launches = per_layer * step.runs[1] * step.microbatches  # per micro-batch and layer run
+  name = f"expert dispatch/combine ({kind.value}) x{ep}"
+  if rounds is None:  # te_ep: a token once per rank, once per node over the network; all_to_all: padded
+    if kind == DispatchKind.TE_EP:
+      rows = step.tokens * unique_ranks(experts, k, ep)
+      groups = buffers.routing_groups
+      across = step.tokens * expected_nodes(num_experts=experts, top_k=k, nodes=ep_dcn, routing_groups=groups)
+      network = across * (ep_dcn - 1) / ep_dcn * row_bytes if ep_dcn > 1 else None
+    else:
+      rows, network = received_rows(buffers, step.tokens, k), None
+    transfer = Transfer(name, "all-to-all", rows * row_bytes, ep, ep_dcn, False, launches, network)
+    return [transfer], rows / step.tokens, 0.0, kind.value, 0.0
   chunks, sizes = rounds
   out = []
   for i, level in enumerate(sizes):  # every chunk's round 0 of each level, its padded buffer on the wire
     across = len(sizes) > 1 and i == 0
-    label = (
-      f"expert dispatch/combine ({kind.value}, {'network' if across else 'NVLink'} level) x{level.ranks}"
-      if len(sizes) > 1
-      else name
-    )
+    where = f" ({kind.value}, {'network' if across else 'NVLink'} level) x{level.ranks}"
     wire = chunks * level.recv_rows * row_bytes
-    domains = level.ranks if across else ep_dcn if len(sizes) == 1 else 1
     network = wire * (level.ranks - 1) / level.ranks if across else None
+    domains = level.ranks if across else ep_dcn if len(sizes) == 1 else 1
+    label = f"expert dispatch/combine{where}" if len(sizes) > 1 else name
     out.append(Transfer(label, "all-to-all", wire, level.ranks, domains, False, launches * chunks, network))
-  calls = len(sizes) * (2 if step.full or step.moe_rerun else 1) + 1 + 2 * (len(sizes) - 1)  # each loop's test
-  syncs = step.moe_layers * step.microbatches * chunks * calls
-  return out, chunks * sizes[-1].recv_rows / step.tokens, syncs, kind.value, chunks
+  # A loop's test per level and chunk, forward and backward (round 0 runs before it): the host syncs
+  syncs = step.moe_layers * step.microbatches * chunks * 2 * len(sizes)
+  return out, chunks * sizes[-1].recv_rows / step.tokens, syncs, kind.value, exchange_beside(chunks)
 
 
 def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Transfer]:
@@ -225,7 +215,7 @@ def workload(
   """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`."""
   step = _step(cfg, num_devices, dispatch)
   flops, total, shared, attention_fwd, recompute_note = _flops(cfg, step)
-  exchange, rows_per_token, host_syncs, kind, chunks = _exchange(cfg, step, dispatch)
+  exchange, rows_per_token, host_syncs, kind, beside = _exchange(cfg, step, dispatch)
   transfers = fsdp.transfers(cfg, leaves, step.rules, step.sides, step.pipe) + exchange
   transfers += _host_transfers(cfg, leaves, step, kind) + stage_costs.sends(cfg, step.pipe, step.sides, step.micro_rows)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
@@ -241,7 +231,7 @@ def workload(
     transfers=transfers,
     hideable_flops=shared * (4 / 3 if step.full else 1) * 1e12,
     host_syncs=host_syncs,
-    exchange_chunks=chunks,
+    exchange_beside=beside,
     attention_fwd_flops=attention_fwd,
     gemm_shapes=stage_costs.shapes(cfg, step.pipe, step.rows, step.micro_rows, layers),
     pipeline=stage_costs.pipeline(cfg, step.pipe, flops, layers),
