@@ -8,6 +8,7 @@ from conftest import REPO, run_cli
 from maxtext_moe.bench import plan_accuracy
 from maxtext_moe.config import layout, recipes
 from maxtext_moe.config.hardware import Hardware
+from maxtext_moe.errors import UserError
 from maxtext_moe.planner import layer_weights, shards
 from maxtext_moe.planner.memory_plan import memory_plan
 
@@ -165,17 +166,25 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
 
 
 @pytest.mark.parametrize(
-  ("recipe", "nodes", "fits"),
-  [("h100x8/deepseek3-671b", 16, False), ("h100x8/deepseek3-671b", 64, True), ("h200x8/deepseek3-671b", 64, True)],
+  ("recipe", "nodes", "gib"),
+  [("h100x8/deepseek3-671b", 64, 61.8), ("h100x8/deepseek3-671b", 128, 61.8), ("h200x8/deepseek3-671b", 16, 121.1)],
 )
-def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, fits):
-  """FSDP over all the nodes keeps TE's NCCL EP at any node count: with FSDP 32 x data the rest, the data
-  axis made `auto` all_to_all, which at EP 2 did not fit 64 nodes (90.6 GiB per H100, 135.5 per H200).
-  16 H100 nodes do not fit (75.8 GiB by the planner), as the recipe says: they hold twice the parameters
-  that MaxText's step brings back to the device."""
+def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, gib):
+  """The HGX 671B recipes are a layout per group of nodes (32 H100, 16 H200) and data parallel across the
+  groups: the same memory per GPU at any multiple, 128 H100 nodes included (FSDP over all of them does not
+  split MLA's 512-wide latent 1,024 ways), and our all_to_all rounds at every count (TE's NCCL EP at 16
+  H200 nodes would need its dropless receive buffer: 155.3 GiB)."""
   result = memory_plan(recipe, [f"nodes={nodes}"])
-  assert result.num_devices == 8 * nodes and result.dispatch == "te_ep", result.table()
-  assert result.base.fits == fits, result.table()
+  assert result.num_devices == 8 * nodes and result.dispatch == "all_to_all", result.table()
+  assert result.base.fits and round(result.base.device_total / 2**30, 1) == gib, result.table()
+
+
+def test_the_h100_671b_recipe_names_its_node_counts():
+  """16 H100 nodes are not a multiple of the recipe's 32: one line naming the count that is."""
+  with pytest.raises(
+    UserError, match="16 NVLink domains do not divide by the fixed DCN degrees' product 32; use --nodes 32"
+  ):
+    memory_plan("h100x8/deepseek3-671b", ["nodes=16"])
 
 
 def test_the_custom_remat_policys_placements_are_read_from_maxtexts_enums():

@@ -313,7 +313,8 @@ def routed_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
   """Rows of the buffers handed to the grouped GEMM on one device (dropless sizes are worst cases):
   local T x K; all_to_all P x capacity x K; ragged_all_to_all T x P x K; te_ep TE's receive capacity
   (`te_capacity`: T x P x K at most, 128-row aligned per local expert); in rounds (`moe.rounds`) one
-  round's P x (G + K - 1) per chunk (`levels.gemm_rows`; every chunk's round 0 may be live at once).
+  round's P x (G + K - 1) of one chunk (`levels.gemm_rows`: XLA:GPU's programs hold one chunk's buffers
+  at the backward's peak, the chunks' backwards running one after the other).
 
   Example: routed_rows(EpBuffers("all_to_all", "bounded", num_ranks=8, num_experts=64), 1024, 8)
     -> 8 x (1536 + 7) = 12344.
@@ -322,8 +323,7 @@ def routed_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
   if kind == DispatchKind.LOCAL:
     return num_tokens * top_k
   if bounded := exchange.rounds(num_tokens, top_k):
-    chunks, sizes = bounded
-    return chunks * levels.gemm_rows(sizes, top_k)
+    return levels.gemm_rows(bounded[1], top_k)
   if kind == DispatchKind.ALL_TO_ALL:
     return p * capacity(num_tokens, top_k, num_ranks=p, capacity_factor=exchange.capacity_factor) * top_k
   if kind == DispatchKind.TE_EP:
@@ -335,7 +335,7 @@ def routed_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
 
 def received_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
   """Rows of the exchange's receive buffers on one device (the tokens, before their expansion to (row,
-  expert) pairs): in rounds every level's per round and chunk (`levels.received_rows`); all_to_all P x
+  expert) pairs): in rounds every level's of one round and chunk (`levels.received_rows`); all_to_all P x
   capacity; ragged_all_to_all T x P; none for local and te_ep (whose receive buffer is the grouped GEMM's
   own, `routed_rows`).
 
@@ -346,8 +346,7 @@ def received_rows(exchange: "EpBuffers", num_tokens: int, top_k: int) -> int:
   if kind in (DispatchKind.LOCAL, DispatchKind.TE_EP):
     return 0
   if bounded := exchange.rounds(num_tokens, top_k):
-    chunks, sizes = bounded
-    return chunks * levels.received_rows(sizes)
+    return levels.received_rows(bounded[1])
   if kind == DispatchKind.ALL_TO_ALL:
     return p * capacity(num_tokens, top_k, num_ranks=p, capacity_factor=exchange.capacity_factor)
   return num_tokens * p
