@@ -81,20 +81,17 @@ CONSTANTS: dict[str, Constant] = {
 }
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
-# chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM")
-# of h100x8/deepseek3-671b at EP 8 x 8 nodes (December 2026), not fitted to any time.
+# chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM",
+# December 2026), not fitted to any time. Two chunks: the lower of the two layouts compiled (4 chunks gave
+# 30% at EP 64, measured at one layout only: counted as two).
 EXCHANGE_BESIDE = {
-  1: Constant(2.08 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 1 chunk: 2.08 of 290.0 GiB per step"),
-  2: Constant(67.6 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 2 chunks: 67.6 of 290.0 GiB per step"),
-  4: Constant(86.9 / 290.0, "compile h100x8/deepseek3-671b, EP 8 x 8 across, 4 chunks: 86.9 of 290.0 GiB per step"),
+  1: Constant(2.08 / 290.0, "compile h100x8/deepseek3-671b at EP 8 x 8 nodes, 1 chunk: 2.08 of 290.0 GiB per step"),
+  2: Constant(
+    48.8 / 451.2,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 2 chunks: 48.8 of 451.2 GiB per step (at EP 8 x 8 "
+    "nodes, batch 1: 67.6 of 290.0)",
+  ),
 }
-
-
-def exchange_beside(chunks: int) -> float:
-  """`EXCHANGE_BESIDE` at the largest measured chunk count not above `chunks`."""
-  return EXCHANGE_BESIDE[max(c for c in EXCHANGE_BESIDE if c <= max(chunks, 1))].value
-
-
 HOST_LINK_GBS = {  # one direction, per GPU
   "pcie5": Constant(64.0, "PCIe 5.0 x16: 64 GB/s per direction (PCI-SIG)"),
   "c2c": Constant(
@@ -110,3 +107,8 @@ def constant(name: str) -> float:
 def host_link_gbs(gpu) -> float:
   """The host link's bandwidth per GPU and direction, GB/s: NVLink-C2C on Grace systems, PCIe 5 otherwise."""
   return HOST_LINK_GBS["c2c" if gpu.nvlink_domain > 8 else "pcie5"].value
+
+
+def exchange_beside(chunks: int) -> float:
+  """`EXCHANGE_BESIDE` at the largest measured chunk count not above `chunks`."""
+  return EXCHANGE_BESIDE[max(c for c in EXCHANGE_BESIDE if c <= max(chunks, 1))].value
