@@ -193,6 +193,37 @@ ENTRY %main (x: f32[8]) -> f32[8] {
   }
 
 
+def test_the_exchange_beside_a_gemm_is_read_off_the_schedule():
+  """Our rounds as XLA:GPU schedules them: round 0's two all-to-alls at the top, the first with a GEMM
+  (a cuBLAS call) between its start and done, the second back to back; the further rounds in a loop of
+  unknown trip count, read as a branch (it may not run): its all-to-all and its own loop's test are
+  counted only `at most`, and the exchange's share beside a GEMM is round 0's."""
+  text = """
+%rounds (p: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %p = (s32[], f32[16]) parameter(0)
+  %y = f32[16]{0} get-tuple-element(%p), index=1
+  %more = f32[16]{0} all-to-all(%y), replica_groups={{0,1},{2,3}}, dimensions={0}
+  %inner = f32[16]{0} while(%more), condition=%c1, body=%b1
+  ROOT %t = (s32[], f32[16]) tuple(%i, %inner)
+}
+ENTRY %main (x: f32[16]) -> f32[16] {
+  %x = f32[16]{0} parameter(0)
+  %s1 = ((f32[16]{0}), f32[16]{0}) all-to-all-start(%x), replica_groups={{0,2},{1,3}}, dimensions={0}
+  %g = f32[4,4]{1,0} custom-call(%w, %v), custom_call_target="__cublas$gemm"
+  %d1 = f32[16]{0} all-to-all-done(%s1)
+  %s2 = ((f32[16]{0}), f32[16]{0}) all-to-all-start(%d1), replica_groups={{0,1},{2,3}}, dimensions={0}
+  %d2 = f32[16]{0} all-to-all-done(%s2)
+  %l = (s32[], f32[16]) while(%t0), condition=%c0, body=%rounds
+  ROOT %r = f32[16]{0} copy(%d2)
+}
+"""
+  r = hlo.report(text, num_devices=4)
+  assert (r["exchange_bytes"], r["exchange_beside_gemm_bytes"]) == (128.0, 64.0)  # 2 x f32[16], one beside
+  assert r["collectives"]["all-to-all x2 async"]["count"] == 2.0
+  assert r["collectives"]["all-to-all x2 (in a branch)"]["count"] == 1.0
+  assert r["host_syncs_per_step"] == 1 and r["host_syncs_per_step_at_most"] == 2  # the rounds' loop, its inner
+
+
 @needs_plugin
 @pytest.mark.extended
 def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
