@@ -25,6 +25,7 @@ COMMON = [
   "topk_routing_group=1",
   "routed_bias_update_rate=0.05",
   "learning_rate=1e-2",
+  "learning_rate_schedule_steps=5",  # the 3-step run and its resume to 5 on the 5-step run's schedule
   "checkpoint_period=3",
   "progress=plain",
 ]
