@@ -172,3 +172,38 @@ def test_cross_node_chunks_give_the_same_outputs_and_gradients():
   two_grads = _loss(_block(2, BufferMode.BOUNDED, 1.5, 2), ids)(x, weights, *w)
   for a, b in zip(two_grads, _loss(_block(2, BufferMode.BOUNDED, 1.5), ids)(x, weights, *w), strict=True):
     np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_cross_node_rounds_under_the_stages_vmap_match_each_stage_alone():
+  """Under MaxText's pipeline stages (`vmap(spmd_axis_name="stage")`) the two levels' grouped all-to-alls
+  run mapped (JAX batches no all_to_all with groups; `collectives` maps them itself): each stage's
+  outputs, gradients and rounds are those of the block on that stage alone."""
+  mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("stage", "expert"))
+  sub = Mesh(np.array(jax.devices()[:4]), ("expert",))
+  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL, buffer_factor=1.0, window_sizes=(2, 8), ep_nodes=2)
+  stages = [_tokens("random"), _tokens("one_rank")]
+  x, ids, weights = (jnp.stack(a) for a in zip(*stages, strict=True))
+  w = tuple(jnp.stack([a, a * 0.5]) for a in _weights())
+
+  def stage(x, ids, weights, *w):
+    return moe_block(x, ids, weights, *w, mesh=mesh, expert_axis="expert", settings=settings, vmapped_axes=("stage",))
+
+  def grads_of(fn, ids):
+    def f(x, weights, *w):
+      return jnp.sum(fn(x, ids, weights, *w)[0] * jnp.cos(jnp.arange(D)))
+
+    return jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4)))
+
+  vmapped = jax.vmap(stage, spmd_axis_name="stage")
+  with jax.set_mesh(mesh):
+    y, stats = jax.jit(vmapped)(x, ids, weights, *w)
+    grads = grads_of(vmapped, ids)(x, weights, *w)
+  assert float(stats["rounds"][1]) > 1.0
+  one = functools.partial(moe_block, mesh=sub, expert_axis="expert", settings=settings)
+  for s in range(2):
+    want, want_stats = jax.jit(one)(x[s], ids[s], weights[s], *(a[s] for a in w))
+    np.testing.assert_allclose(y[s], want, **TOL)
+    assert float(want_stats["rounds"]) == float(stats["rounds"][s])
+    want_grads = grads_of(one, ids[s])(x[s], weights[s], *(a[s] for a in w))
+    for a, b in zip(grads, want_grads, strict=True):
+      np.testing.assert_allclose(a[s], b, **TOL)

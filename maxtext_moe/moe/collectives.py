@@ -17,9 +17,11 @@ Shape legend: N operand rows, M output rows, P ranks (the mapped axis), G = P * 
 """
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import custom_batching
 
 Groups = tuple[tuple[int, ...], ...] | None  # axis_index_groups: indices along one mesh axis, hashable
 
@@ -29,8 +31,38 @@ def all_to_all(x_ND: jax.Array, *, axis_name: str, groups: Groups = None) -> jax
   order. Call inside shard_map over `axis_name`. `groups` (`jax.lax`'s axis_index_groups): the ranks of
   the axis split into groups of P that exchange among themselves, a rank's q-th peer the q-th of its
   group (the two levels of an exchange across nodes, `moe.levels`); None: the whole axis is one group."""
-  groups_list = None if groups is None else [list(g) for g in groups]
-  return jax.lax.all_to_all(x_ND, axis_name, 0, 0, tiled=True, axis_index_groups=groups_list)
+  if groups is None:
+    return jax.lax.all_to_all(x_ND, axis_name, 0, 0, tiled=True)
+  return _grouped_exchange(axis_name, groups)(x_ND)
+
+
+@functools.cache
+def _grouped_exchange(axis_name: str, groups: tuple[tuple[int, ...], ...]) -> Callable:
+  """`jax.lax.all_to_all` inside `groups`, under a `vmap` too. Why hand-written: JAX 0.12 batches no
+  all_to_all with `axis_index_groups` ("Please open a feature request!"), even when the mapped axis is not
+  the collective's, as under MaxText's pipeline stages (`vmap(spmd_axis_name="stage")`). Mapped, the same
+  exchange runs on the stacked rows, split and joined one axis further in (`custom_batching.custom_vmap`);
+  its transpose is itself (`custom_vjp`), so the backward is mapped the same way."""
+  index_groups = [list(g) for g in groups]
+
+  def exchange(x, axis: int = 0):
+    return jax.lax.all_to_all(x, axis_name, axis, axis, tiled=True, axis_index_groups=index_groups)
+
+  @custom_batching.custom_vmap
+  def mapped(x):
+    return exchange(x)
+
+  @mapped.def_vmap
+  def _mapped_rule(axis_size, in_batched, x):  # the mapped axis first, the rows after it
+    del axis_size
+    return (exchange(x, axis=1), True) if in_batched[0] else (mapped(x), False)
+
+  @jax.custom_vjp
+  def grouped(x):
+    return mapped(x)
+
+  grouped.defvjp(lambda x: (mapped(x), None), lambda _, ct: (mapped(ct),))
+  return grouped
 
 
 def ragged_offsets(sizes_PP: jax.Array, me: jax.Array, *, back: bool) -> tuple[jax.Array, ...]:
