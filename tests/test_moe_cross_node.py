@@ -12,7 +12,8 @@ from jax.sharding import Mesh
 
 from maxtext_moe.moe import levels, rounds
 from maxtext_moe.moe.block import moe_block
-from maxtext_moe.moe.settings import BufferMode, DispatchKind, EpBuffers, MoESettings, received_rows, routed_rows
+from maxtext_moe.moe.buffers import EpBuffers, received_rows, routed_rows
+from maxtext_moe.moe.settings import BufferMode, DispatchKind, MoESettings
 
 T, D, F, E, K = 64, 16, 24, 8, 3
 TOL = {"rtol": 1e-5, "atol": 1e-5}

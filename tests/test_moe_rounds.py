@@ -4,7 +4,8 @@ parity (outputs and gradients against EP=1, rounds counted) is in test_moe_block
 import jax.numpy as jnp
 
 from maxtext_moe.moe import rounds
-from maxtext_moe.moe.settings import DispatchKind, EpBuffers, round_budget, routed_rows
+from maxtext_moe.moe.buffers import EpBuffers, round_budget, routed_rows
+from maxtext_moe.moe.settings import DispatchKind
 
 
 def test_round_budget_example():

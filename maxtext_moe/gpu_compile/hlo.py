@@ -26,6 +26,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from maxtext_moe.gpu_compile import schedule
 from maxtext_moe.gpu_compile.gemms import gemm_format, gemm_kind
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4}
@@ -260,58 +261,15 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
       out["host_syncs_per_step_at_most"] += n * syncs
       out["host_syncs_per_step"] += 0 if graph.in_branch.get(comp) else n * syncs
   return {
-    **exchange_overlap(comps, graph),
+    **schedule.exchange_overlap(comps, graph, size=lambda ins: array_bytes(result_shape(ins))),
     "collectives": collectives,
     "te_ep_calls": exchanges,
     "host_transfers": host,
     "gemms": dict(gemms),
     "gemm_formats": dict(formats),
     **out,
-    **schedule(comps),
+    **schedule.streams(comps),
   }
-
-
-def exchange_overlap(comps: dict[str, list[Instr]], graph: CallGraph) -> dict[str, float]:
-  """How much of the expert exchange (all-to-alls outside branches) runs beside a GEMM, per step: an async
-  all-to-all whose start and done have a GEMM scheduled between them in its computation (the optimized
-  HLO lists each computation in schedule order). Bytes as `report`'s (the result's size)."""
-  total = beside = 0.0
-  for comp, instrs in comps.items():
-    n = graph.runs.get(comp, 0.0)
-    if not n or graph.in_branch.get(comp):
-      continue
-    started: dict[str, tuple[int, int]] = {}  # an all-to-all-start's name -> (its position, its bytes)
-    gemms_before = []  # GEMMs scheduled so far, counted
-    for ins in instrs:
-      if ins.opcode == "all-to-all" or ins.opcode == "all-to-all-start":
-        total += n * array_bytes(result_shape(ins))
-        if ins.opcode == "all-to-all-start":
-          started[ins.name] = (len(gemms_before), array_bytes(result_shape(ins)))
-      elif ins.opcode == "all-to-all-done":
-        name = re.match(r"\s*%?([\w.\-]+)", ins.rest.split(",")[0].split(")")[0].lstrip("("))
-        start = started.pop(name.group(1), None) if name else None
-        if start is not None and len(gemms_before) > start[0]:
-          beside += n * start[1]
-      elif gemm_kind(ins):
-        gemms_before.append(ins.name)
-  return {"exchange_bytes": total, "exchange_beside_gemm_bytes": beside}
-
-
-_QUEUE = re.compile(r'"operation_queue_id":"(\d+)"')
-
-
-def schedule(comps: dict[str, list[Instr]]) -> dict[str, Any]:
-  """What a flag profile changes in the program, statically: async operation pairs by kind (`*-start`),
-  the operation queues (streams) instructions are assigned to, and the command buffers (CUDA graphs)."""
-  starts: dict[str, int] = defaultdict(int)
-  queues: set[str] = set()
-  buffers = sum("command_buffer" in name for name in comps)
-  for instrs in comps.values():
-    for ins in instrs:
-      if ins.opcode.endswith("-start"):
-        starts[ins.opcode.removesuffix("-start")] += 1
-      queues.update(_QUEUE.findall(ins.rest))
-  return {"async_starts": dict(starts), "operation_queues": len(queues), "command_buffers": buffers}
 
 
 def _syncs(ins: Instr, out: dict[str, Any], *, buffered: bool) -> int:

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from maxtext_moe.moe import permute
+from maxtext_moe.moe.buffers import capacity
 from maxtext_moe.moe.exchange import Exchange, Trip
-from maxtext_moe.moe.settings import capacity
 from maxtext_moe.moe.stats import DispatchStats
 
 

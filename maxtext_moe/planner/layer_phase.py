@@ -15,7 +15,8 @@ import numpy as np
 from maxtext_moe.config.layout import exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe.settings import EpBuffers, outputs_recomputed, received_rows, routed_rows
+from maxtext_moe.moe.buffers import EpBuffers, received_rows, routed_rows
+from maxtext_moe.moe.settings import outputs_recomputed
 from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -30,7 +31,7 @@ def dtype_bytes(dtype: Any) -> int:
 
 def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
   """(routed rows handed to the grouped GEMM, rows of the exchange's receive buffer) on one device
-  (`moe.settings.routed_rows`, `received_rows`); (0, 0) without experts."""
+  (`moe.buffers.routed_rows`, `received_rows`); (0, 0) without experts."""
   if int(cfg.num_experts) <= 1:
     return 0, 0
   factor = float(getattr(cfg, "ragged_buffer_factor", -1.0) or -1.0)
@@ -41,7 +42,7 @@ def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
 
 
 def ep_buffers(cfg: Any, ep: int, dispatch: str) -> EpBuffers:
-  """What sizes this config's expert exchange at EP `ep` under `dispatch` (`moe.settings.EpBuffers`)."""
+  """What sizes this config's expert exchange at EP `ep` under `dispatch` (`moe.buffers.EpBuffers`)."""
   nodes = expert_nodes(cfg) if ep > 1 else 1
   return EpBuffers(
     dispatch,

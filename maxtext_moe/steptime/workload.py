@@ -22,7 +22,7 @@
 - The expert exchange: dispatch and combine per MoE layer in the forward, their transposes in the
   backward, and again in the recomputed forward under `full`; rows per GPU: te_ep and MaxText's TE block
   send a token once per destination rank (`model.unique_ranks`), all_to_all its padded receive
-  buffer (`moe.settings.received_rows`).
+  buffer (`moe.buffers.received_rows`).
 - Host offload: what the remat policy offloads (the planner's `saved_activations`), out in the forward and
   back in the backward, and offloaded optimizer state and parameters, in for the update and back out,
   over the host link.
@@ -35,8 +35,9 @@ from typing import Any
 
 from maxtext_moe.config.layout import mesh_sides
 from maxtext_moe.config.quantization import number_format
+from maxtext_moe.moe.buffers import received_rows
 from maxtext_moe.moe.levels import expected_nodes
-from maxtext_moe.moe.settings import DispatchKind, received_rows
+from maxtext_moe.moe.settings import DispatchKind
 from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
 from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, ep_buffers, experts_recomputed, maxtext_te_block
