@@ -6,7 +6,8 @@ for the recipe's GPU model at its full device count, on compile-only devices (do
 - `stand_ins`: what cannot be compiled on this machine as the container runs it, replaced and said (one
   list, each with its reason): TE's kernels where TE does not import, TE's cuDNN attention.
 - `report`: per GPU memory beside the planner's, collectives, host transfers and syncs, GEMM kinds and
-  number formats, the schedule; `hlo` reads them from the optimized HLO text, `gemms` names each GEMM's
+  number formats, the schedule; `hlo` reads them from the optimized HLO text, `schedule` what runs beside
+  what (the expert exchange beside a GEMM), `gemms` names each GEMM's
   kind and format, `peak` the live set at the memory peak (`--hlo DIR`).
 - `te_libraries`: TE's CUDA libraries loaded against a stub driver (`.venv-te`); `nccl_ep`: the size of
   TE NCCL EP's dispatch handle, from the group's sizes.
