@@ -277,8 +277,8 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   trip and is unrolled away, and the step no longer holds its layers' gradients as the full model's does),
   short sequences, activations offloaded, our bounded rounds named (without, te_ep's stand-in is all_to_all
   at its worst case), through the real command as a user runs it. Its program has the expert axis's
-  all-to-all and the weights' gathers over it, no host sync but the bounded rounds' one conditional per MoE
-  layer and pass, the scanned layers' offloaded activations written to host memory and read back, Mosaic
+  all-to-all and the weights' gathers over it, no host sync but the bounded rounds' loop test per MoE
+  layer, forward and backward, the scanned layers' offloaded activations written to host memory and read back, Mosaic
   GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted) config."""
   args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=5"]
   args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1"]  # the layout this test was written for
@@ -289,8 +289,10 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   assert report["layout"] == {"expert": 8}
   kinds = {(row["kind"], row["group_size"]) for row in report["collectives"].values()}
   assert ("all-to-all", 8) in kinds and ("all-gather", 8) in kinds, report["collectives"]
-  assert report["unknown_trip_while_loops"] == 0
-  assert report["host_syncs_per_step"] == 12, report  # the rounds' conditional: fwd, recompute, bwd x 4 layers
+  # The rounds' further rounds: a loop of unknown trip count per MoE layer, forward and backward (a full
+  # remat's second forward of them is dropped), no conditional; natural routing runs none of them.
+  assert report["unknown_trip_while_loops"] == 8 and report["conditionals"] == 0, report
+  assert report["host_syncs_per_step"] == 8, report  # each loop's test: forward and backward x 4 layers
   # Each MoE layer's input and attention output, [2 x 1,024 x 2,048] bf16 per GPU, to the host, and read back
   # (the rounds keep the experts' outputs unnamed: recomputed, not offloaded).
   row = 2 * 1024 * 2048 * 2
