@@ -18,6 +18,8 @@ def _layer_group(num_layers, load):
     "bias_abs_mean": jnp.arange(num_layers, dtype=jnp.float32),
     "rounds": jnp.arange(num_layers, dtype=jnp.float32) + 1,
     "load_over_budget": jnp.full((num_layers,), 0.5),
+    "rows_sent_network": jnp.full((num_layers,), 3.0),
+    "nodes_per_token": jnp.arange(num_layers, dtype=jnp.float32) + 1,
   }
 
 
@@ -28,6 +30,7 @@ def test_reduce_layers_sums_scalars_and_stacks_loads_by_name():
   assert got["load"].shape == (3, 4)
   assert got["bias_abs_mean"].tolist() == [0.0, 1.0, 0.0]  # per layer, in layer order: not summed
   assert float(got["rounds"]) == 2.0 and float(got["load_over_budget"]) == 0.5  # the largest, not summed
+  assert float(got["rows_sent_network"]) == 9.0 and float(got["nodes_per_token"]) == 2.0
 
 
 def test_load_ratio_is_the_worst_layers():
@@ -46,12 +49,14 @@ def test_channel_drains_one_entry_per_micro_batch_in_order():
   assert channel.pop_step(1) == []
 
 
-def _entry(dropped=0.0, load=((2, 2, 2, 2),)):
+def _entry(dropped=0.0, load=((2, 2, 2, 2),), nodes=0.0):
   return {
     "dropped": np.float64(dropped),
     "rows_sent": np.float64(5),
     "rows_sent_no_dedup": np.float64(8),
     "buffer_rows": np.float64(16),
+    "rows_sent_network": np.float64(2 if nodes else 0),
+    "nodes_per_token": np.float64(nodes),
     "load": np.array(load, np.float64),
   }
 
@@ -67,6 +72,16 @@ def test_step_metrics_sum_micro_batches_and_take_the_worst_load():
     "moe/dispatch_bytes_no_dedup": 4096.0,
   }
   assert stats.step_metrics([], row_bytes=256, capacity_factor=0.0) == {}
+
+
+def test_across_nodes_the_step_says_what_crossed_the_network():
+  """Only where the exchange spans nodes: the rows that crossed to another node and the most nodes a token
+  reached; inside a node neither appears."""
+  got = stats.step_metrics([_entry(nodes=2.0), _entry(nodes=1.0)], row_bytes=256, capacity_factor=0.0)
+  assert got["moe/nodes_per_token"] == 2.0 and got["moe/dispatch_rows_network"] == 4.0
+  assert got["moe/dispatch_bytes_network"] == 4.0 * 256
+  inside = stats.step_metrics([_entry()], row_bytes=256, capacity_factor=0.0)
+  assert not any(k in inside for k in ("moe/nodes_per_token", "moe/dispatch_rows_network"))
 
 
 def test_a_drop_stops_a_run_unless_allowed_with_a_capacity():

@@ -147,8 +147,13 @@ def test_candidates_span_stages_and_microbatches():
   found = candidates.layouts(hardware.GPUS["h100"], 32, 256, moe_layers=58)
   staged = {(c.stages, c.pipelined, c.microbatches) for c in found if c.stages > 1}
   assert staged == {(2, 58, 2), (4, 56, 4), (8, 56, 8)}
-  assert {(c.dcn_fsdp, c.dcn_data) for c in found if c.stages == 8} == {(1, 4), (4, 1), (2, 2)}
-  assert all(c.stages * c.dcn_fsdp * c.dcn_data == 32 for c in found)
+  assert {(c.dcn_fsdp, c.dcn_data) for c in found if c.stages == 8 and c.dcn_ep == 1} == {(1, 4), (4, 1), (2, 2)}
+  assert {(c.dcn_ep, c.dcn_fsdp, c.dcn_data) for c in found if c.stages == 8 and c.dcn_ep > 1} == {
+    (2, 1, 2),
+    (2, 2, 1),
+    (4, 1, 1),
+  }  # EP across the domains of a stage too
+  assert all(c.stages * c.dcn_ep * c.dcn_fsdp * c.dcn_data == 32 for c in found)
   assert not [c for c in candidates.layouts(hardware.GPUS["h100"], 32, 256) if c.stages > 1]
   lay = next(c for c in found if c.stages == 4)
   assert {"dcn_pipeline_parallelism=4", "pipeline_parallel_layers=56"} <= set(lay.overrides())
