@@ -210,6 +210,11 @@ CASES = [
   # plan, bench, k8s
   ("plan_without_recipe", ["plan"], "plan needs a RECIPE"),
   ("plan_zero_gpus", ["plan", H200, "--gpus", "0"], "--gpus must be >= 1, got 0"),
+  (
+    "plan_capacity_below_one_for_auto_te_ep",  # auto is te_ep on this recipe's GPUs: the launch would refuse it
+    ["plan", H200, "moe_capacity_factor=0.5"],
+    "moe_dispatch=te_ep takes moe_capacity_factor 0 (dropless) or >= 1, got 0.5 (moe_dispatch=auto resolves",
+  ),
   ("plan_time_cpu_recipe", ["plan", "cpu/deepseek3-tiny", "--time"], "this recipe runs on CPU"),
   ("plan_compiled_not_a_report", ["plan", H200, "--time", "--compiled", "{tmp}"], "not a compile report"),
   ("plan_compiled_without_time", ["plan", H200, "--compiled", "{tmp}"], "pass --time with it"),

@@ -150,6 +150,8 @@ def check_moe_path(cfg: Any) -> None:
       )
     settings.check_quantization(cfg.moe_gemm_quantization, gemm, dispatch)
     nodes = expert_nodes(cfg)
+    capacity = float(cfg.moe_capacity_factor)  # auto's choice checked as if named (a te_ep below 1, say)
+    settings.check_dispatch(dispatch, ep=expert_parallelism(cfg), capacity_factor=capacity, nodes=nodes)
     settings.check_buffers(dispatch, cfg.moe_buffers, capacity_factor=float(cfg.moe_capacity_factor), nodes=nodes)
     if note := settings.cross_node_note(cfg.moe_dispatch, dispatch, ep=expert_parallelism(cfg), nodes=nodes):
       if jax_platform() == "gpu":  # where TE's NCCL EP would have run

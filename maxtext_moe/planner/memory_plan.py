@@ -14,7 +14,7 @@ from typing import Any
 
 from maxtext_moe.config import hardware
 from maxtext_moe.config.hardware import Hardware
-from maxtext_moe.config.layout import dispatch_for, mesh_sizes
+from maxtext_moe.config.layout import dispatch_for, expert_nodes, mesh_sizes
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
@@ -228,8 +228,21 @@ def _target(cfg: Any) -> Any:
 
 
 def dispatch_kind(ctx: _Context, cfg: Any) -> str:
-  """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for."""
-  return dispatch_for(cfg, num_devices=ctx.num_devices, platform=ctx.platform).value
+  """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for, refused (UserError) where
+  the run's own checks would refuse it at launch (`auto` turned te_ep with a capacity factor below 1, say)."""
+  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
+
+  kind = dispatch_for(cfg, num_devices=ctx.num_devices, platform=ctx.platform)
+  if str(cfg.moe_impl) == "dropless" and int(cfg.num_experts) > 1:
+    nodes, capacity = expert_nodes(cfg, ctx.num_devices), float(cfg.moe_capacity_factor)
+    try:
+      settings.check_dispatch(
+        kind, ep=mesh_sizes(cfg, ctx.num_devices).get("expert", 1), capacity_factor=capacity, nodes=nodes
+      )
+      settings.check_buffers(kind, cfg.moe_buffers, capacity_factor=capacity, nodes=nodes)
+    except ValueError as e:
+      raise UserError(f"{e} (moe_dispatch={cfg.moe_dispatch} resolves to {kind.value} here)") from e
+  return kind.value
 
 
 def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
