@@ -57,7 +57,15 @@ def _train(ns: argparse.Namespace, out: IO[str]) -> int:
     raise UserError(f"--init-timeout must be > 0 seconds, got {ns.init_timeout}")
   dist = Distributed(ns.coordinator, ns.num_processes, ns.process_id, ns.local_rank, ns.init_timeout)
   checked = train(recipe, overrides, verbose=ns.verbose, out=out, dist=dist, check_only=ns.check)
-  if ns.check:
+  if ns.check and checked.get("off_devices"):
+    print(
+      f"train {checked['recipe']}: checked off its GPUs: the config, the layout on {checked['devices']} GPUs, the "
+      f"paths, data and tokenizer and a resume's layout pass, and it fits ({checked['plan']}); nothing was written",
+      file=out,
+    )
+    print(f"  {checked['at_risk']}", file=out)
+    print(f"  skipped (checked when the job starts): {'; '.join(checked['skipped'])}", file=out)
+  elif ns.check:
     print(
       f"train {checked['recipe']}: the config resolves and every check before training passes on "
       f"{checked['devices']} device(s) in {checked['processes']} process(es); nothing was written",
@@ -144,7 +152,9 @@ def _register_jobs(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
     "--check",
     action="store_true",
     help="resolve the config and run every check made before training (keys, layout, paths, MoE path), "
-    "then stop: exit 0 or one line and exit 2, nothing written (SFT data is checked when training starts)",
+    "then stop: exit 0 or one line and exit 2, nothing written (SFT data is checked when training starts). "
+    "Off the job's GPUs (a login node) a GPU recipe is checked for its own device count, with the memory "
+    "plan, and what needs the devices is named as skipped",
   )
   g = p.add_argument_group(
     "multi-process jobs",

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from maxtext_moe.config import hardware
+from maxtext_moe.config import checkpointing, hardware
 from maxtext_moe.config.recipes import configs_dir, list_recipes, recipe_path
 from maxtext_moe.errors import UserError
 from maxtext_moe.steptime import fitting
@@ -188,10 +188,13 @@ def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | Non
     f"step-time model: {pred.tflops_per_gpu:,.0f} TFLOP/s and {pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.",
     "Check it for your GPUs before a run: maxtext-moe compile THIS_FILE (XLA:GPU, any machine).",
     "--nodes N on any command runs it on N nodes (the cross-node axis is the -1 one).",
+    f"checkpoint_period: about {checkpointing.MINUTES} minutes of steps at the model's {pred.step_s:.2f} s a step "
+    "(a failure costs at most that).",
   ]
   over = keys_of([o for o in base.overrides if not o.startswith("nodes=")])
   cross = {"dcn_data_parallelism": -1}  # more nodes: more data-parallel replicas of this layout
   nodes = next(int(o.split("=", 1)[1]) for o in base.overrides if o.startswith("nodes="))
-  keys = {**base.keys, **over, "nodes": nodes, **chosen.layout.keys(), **cross}
+  period = {"checkpoint_period": checkpointing.period_for(pred.step_s)}  # a base's own period stays
+  keys = {**period, **base.keys, **over, "nodes": nodes, **chosen.layout.keys(), **cross}
   body = yaml.safe_dump(keys, sort_keys=False, default_flow_style=False, width=120)
   return "".join(f"# {line}\n" for line in header) + body

@@ -1,0 +1,92 @@
+"""How often a run saves and what a failure can cost: the period rule, every GPU recipe's period (none keeps
+MaxText's 10,000), the line a run prints at start, and `train --check` of a GPU recipe off its GPUs."""
+
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from maxtext_moe.config import checkpointing
+from maxtext_moe.config.recipes import configs_dir, list_recipes
+
+
+@pytest.mark.parametrize(
+  ("step_s", "period"), [(6.27, 280), (9.94, 180), (0.33, 5400), (1.0, 1800), (200.0, 9), (4000.0, 1)]
+)
+def test_a_period_is_about_thirty_minutes_of_steps_rounded_down(step_s, period):
+  assert checkpointing.period_for(step_s) == period
+  assert period * step_s <= checkpointing.MINUTES * 60 or period == 1
+
+
+def _period(name: str) -> int | None:
+  """A recipe's checkpoint_period through its base_config chain (None: MaxText's default)."""
+  path = configs_dir() / "recipes" / f"{name}.yml"
+  while True:
+    data = yaml.safe_load(path.read_text())
+    if "checkpoint_period" in data:
+      return int(data["checkpoint_period"])
+    if "base_config" not in data:
+      return None
+    path = (path.parent / data["base_config"]).resolve()
+
+
+def test_every_gpu_recipe_saves_by_time_not_maxtexts_ten_thousand_steps():
+  gpu = [n for n in list_recipes() if not n.startswith("cpu/")]
+  assert len(gpu) >= 20
+  periods = {n: _period(n) for n in gpu}
+  assert all(p is not None and p < checkpointing.MAXTEXT_DEFAULT for p in periods.values()), periods
+
+
+@pytest.mark.ci
+def test_every_gpu_recipes_period_is_at_most_thirty_minutes_by_the_step_time_model():
+  """About a minute: each recipe timed by the step-time model on its own GPUs."""
+  from maxtext_moe.planner.memory_plan import resolved
+  from maxtext_moe.steptime.recipe import for_recipe
+
+  for name in (n for n in list_recipes() if not n.startswith("cpu/")):
+    step_s = for_recipe(name, ["finetune=false"]).step_s
+    period = int(resolved(configs_dir() / "recipes" / f"{name}.yml", ["finetune=false"]).checkpoint_period)
+    assert period * step_s <= checkpointing.MINUTES * 60, (name, period, step_s)
+    assert period * step_s >= 60, (name, period, step_s)  # not so often that saving dominates
+
+
+def _cfg(period: int, steps: int, enabled: bool = True) -> types.SimpleNamespace:
+  return types.SimpleNamespace(checkpoint_period=period, steps=steps, enable_checkpointing=enabled)
+
+
+def test_the_line_says_what_a_failure_costs():
+  assert checkpointing.at_risk(_cfg(280, 1000), 6.0) == (
+    "checkpoints every 280 steps of 1000: a failure costs at most 280 steps, about 28 minutes by the step-time model"
+  )
+  assert checkpointing.at_risk(_cfg(50, 100)) == "checkpoints every 50 steps of 100: a failure costs at most 50 steps"
+  default = checkpointing.at_risk(_cfg(10_000, 5000))
+  assert default.startswith("checkpoint_period=10000 (MaxText's default) >= steps=5000: no checkpoint before the last")
+  assert "set checkpoint_period" in default
+  assert checkpointing.at_risk(_cfg(280, 50), 6.0) == (
+    "checkpoint_period=280 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
+    "minutes by the step-time model"
+  )
+  assert checkpointing.at_risk(_cfg(50, 100, enabled=False)).startswith("checkpointing is off")
+
+
+def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what_it_skipped(tmp_path: Path):
+  proc = run_cli(["train", "h100x8/deepseek3-671b", "--check", f"base_output_directory={tmp_path}/runs"], cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.strip().splitlines()
+  assert lines[0].startswith("train deepseek3-671b: checked off its GPUs: the config, the layout on 256 GPUs")
+  assert "it fits (61.8 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
+  assert lines[1] == (
+    "  checkpoint_period=280 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
+    "minutes by the step-time model"
+  )
+  assert lines[2].startswith("  skipped (checked when the job starts): the devices each process sees")
+  assert list(tmp_path.iterdir()) == []  # nothing written
+  big = run_cli(["train", "h100x8/deepseek3-671b", "--check", "per_device_batch_size=8"], cwd=tmp_path)
+  assert big.returncode == 2
+  assert (
+    big.stderr.strip()
+    .splitlines()[-1]
+    .startswith("maxtext-moe: error: deepseek3-671b does not fit its GPUs by the planner: 129.2 GiB per GPU of 72.8")
+  )
