@@ -72,9 +72,12 @@ def mismatches(raw: dict, cfg: Any) -> list[str]:
 def hf_config_for(cfg: Any, *, dtype: str = "bfloat16", source: dict | None = None) -> dict:
   """The config.json of the model a resolved MaxText config describes. Starting from `source` (the
   config.json a checkpoint was converted from) keeps what MaxText does not model (token ids, auto_map,
-  ...); every field that shapes the computation is written from `cfg`, RoPE in the style the source used."""
+  ...); every field that shapes the computation is written from `cfg`, RoPE in the style the source used.
+  What the tensors are is written as they are: `dtype` (transformers 5's name) and `torch_dtype` (4's) say
+  `dtype`, and no `quantization_config` (an FP8 source's would make transformers load BF16 tensors as FP8)."""
   family = for_model(cfg)
   out = dict(source or {"architectures": [family.architecture], "model_type": family.model_type})
   family.to_hf(cfg, out, source)
-  out["torch_dtype" if "torch_dtype" in out else "dtype"] = dtype
+  out.pop("quantization_config", None)
+  out["dtype"] = out["torch_dtype"] = dtype
   return out
