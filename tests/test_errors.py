@@ -115,3 +115,24 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
 def test_cli_bad_recipe_exits_2(tmp_path):
   r = run_cli(["config", "h100x8/deepseek3-proxy"], cwd=REPO)
   assert r.returncode == 2 and "unknown recipe 'h100x8/deepseek3-proxy'" in r.stderr
+
+
+def test_compile_without_xla_gpus_compiler_is_one_line_naming_the_setup(tmp_path):
+  """A machine set up without --gpu-compile (the jax-cuda12 plugin absent: here a regular `jax_plugins`
+  package first on the path hides the installed namespace portion)."""
+  import os
+  import subprocess
+  import sys
+
+  shadow = tmp_path / "shadow" / "jax_plugins"
+  shadow.mkdir(parents=True)
+  (shadow / "__init__.py").write_text("")
+  env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+  proc = subprocess.run(
+    [sys.executable, "-m", "maxtext_moe", "compile", "h100x8/deepseek3-proxy-16b"],
+    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+    "maxtext-moe: error: compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile"
+  ]
