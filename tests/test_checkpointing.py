@@ -90,3 +90,26 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
     .splitlines()[-1]
     .startswith("maxtext-moe: error: deepseek3-671b does not fit its GPUs by the planner: 129.2 GiB per GPU of 72.8")
   )
+
+
+def test_a_checkpoint_read_at_the_other_scan_axis_is_one_line_before_anything_is_written(tmp_path: Path):
+  """offload=optimizer_params sets param_scan_axis=0; the converter writes the layer axis at 1: MaxText's load
+  would fail with a traceback listing every tensor, after the run directory was made."""
+  from conftest import REPO
+
+  ck = tmp_path / "ck"
+  hf = REPO / "tests" / "fixtures" / "hf_deepseek3_tiny" / "bf16"
+  proc = run_cli(["convert", "hf-to-maxtext", "--hf", str(hf), "--out", str(ck)], cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  args = ["train", "cpu/deepseek3-tiny-finetune", f"model_file={ck}/model.yml", f"load_parameters_path={ck}/items"]
+  args += [f"base_output_directory={tmp_path}/runs", "dataset_type=synthetic", "steps=1"]
+  bad = run_cli([*args, "param_scan_axis=0"], cwd=tmp_path)
+  assert bad.returncode == 2, bad.stderr[-2000:]
+  assert bad.stderr.strip().splitlines() == [
+    f"maxtext-moe: error: {ck}/items stores its stacked layer weights with the layer axis at 1 (a converted "
+    "checkpoint, or a run at MaxText's default, has 1), and this config reads them at param_scan_axis=0 "
+    "(offload=optimizer_params sets it: MaxText offloads parameters only so): use offload=optimizer"
+  ]
+  assert not (tmp_path / "runs").exists()
+  good = run_cli([*args, "--check"], cwd=tmp_path)
+  assert good.returncode == 0, good.stderr[-2000:]
