@@ -259,6 +259,39 @@ CASES = [
     "2 nodes need --coordinator",
   ),
   ("launch_without_command", ["launch", "--nproc-per-node", "2"], "launch needs the command to run after '--'"),
+  # k8s checks the layout as plan does before it writes anything; plan --search --write keeps a file it finds
+  (
+    "k8s_nodes_plan_refuses",  # the issue's case: 3 nodes of a layout whose DCN degrees make 32
+    ["k8s", "h100x8/deepseek3-671b", "--nodes", "3", "--image", "x"],
+    "3 NVLink domains do not divide by the fixed DCN degrees' product 32; use --nodes 32",
+  ),
+  (
+    "k8s_does_not_fit",
+    ["k8s", "h100x8/deepseek3-671b", "offload=none", "--image", "x"],
+    "h100x8/deepseek3-671b on 32 node(s) does not fit: ",
+  ),
+  (
+    "k8s_data_claim_name",
+    ["k8s", H200, "--nodes", "1", "--image", "x", "--data-claim", "My_Data"],
+    "--data-claim 'My_Data': give a PersistentVolumeClaim's name",
+  ),
+  (
+    "k8s_data_claim_over_checkpoints",
+    ["k8s", H200, "--nodes", "1", "--image", "x", "--data-claim", "ds:/checkpoints/ds"],
+    "--data-claim 'ds:/checkpoints/ds': /checkpoints/ds would share a path with --checkpoint-claim",
+  ),
+  (
+    "k8s_two_data_claims_one_path",
+    ["k8s", H200, "--nodes", "1", "--image", "x", "--data-claim", "a", "--data-claim", "b"],
+    "--data-claim 'b': /data would share a path with --data-claim a",
+  ),
+  (
+    "plan_write_over_a_file",
+    ["plan", "deepseek3-tiny", "--gpu", "h100", "--nodes", "1", "--search", "--write", "{tmp}/bad.yml"],
+    "--write {tmp}/bad.yml already exists; pass --force to replace it",
+  ),
+  ("plan_force_without_search", ["plan", H200, "--force"], "--force goes with --write FILE.yml"),
+  ("plan_check_with_time", ["plan", H200, "--check", "--time"], "--time does not go with --check"),
 ]
 
 

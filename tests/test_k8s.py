@@ -110,6 +110,11 @@ def test_a_schema_violation_is_caught():
     ({"nodes": 0}, "--nodes must be >= 1, got 0"),
     ({"rdma_resource": "ib"}, "--rdma-resource 'ib': give the NICs' resource name and count per pod, e.g. rdma/ib=4"),
     ({"kind": "pod"}, "--kind must be jobset or job, got 'pod'"),
+    ({"data_claims": ("data.",)}, "--data-claim 'data.': give a PersistentVolumeClaim's name"),
+    ({"data_claims": ("ds:data",)}, "--data-claim 'ds:data': the mount path must be absolute, e.g. ds:/data/ds"),
+    ({"data_claims": ("ds:/",)}, "--data-claim 'ds:/': the mount path must be absolute"),
+    ({"data_claims": ("ds:/dev",)}, "--data-claim 'ds:/dev': /dev would share a path with the memory-backed /dev/shm"),
+    ({"data_claims": ("a:/d", "b:/d/x")}, "--data-claim 'b:/d/x': /d/x would share a path with --data-claim a:/d"),
   ],
 )
 def test_bad_requests_are_one_line(change, expected):
@@ -248,3 +253,34 @@ def test_checkpoint_paths_that_exist_only_in_the_pods_are_passed_not_checked_her
   tok = ["tokenizer_type=huggingface", "tokenizer_path=/checkpoints/tok", "vocab_from_tokenizer=true"]
   _, docs = k8s.for_recipe(k8s.Request("proxy", "h200x8/deepseek3-proxy-16b", tok, 2, "reg/maxtext-moe:0.1.0"))
   assert all(t in _pod_command(docs) for t in tok), "the pods' tokenizer: passed on, not read here"
+
+
+@pytest.mark.parametrize("kind", ["jobset", "job"])
+def test_data_claims_are_mounted_read_only_beside_the_checkpoints(kind):
+  """--data-claim NAME[:MOUNT]: each claim a read-only volume at its path (/data by default), the checkpoint
+  claim (default maxtext-moe-checkpoints) unchanged; the pod validates as Kubernetes' own schema says."""
+  req = k8s.Request(**(_request(2, kind).__dict__ | {"data_claims": ("datasets", "tokenizers:/models/tok")}))
+  *_, job = k8s.manifests(req, ENV)
+  spec = job["spec"]["replicatedJobs"][0]["template"]["spec"] if kind == "jobset" else job["spec"]
+  _validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dsv3"}, "spec": copy.deepcopy(spec)})
+  pod = _pod(spec)
+  volumes = {v["name"]: v for v in pod["volumes"]}
+  assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "maxtext-moe-checkpoints"}
+  assert volumes["data-0"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+  assert volumes["data-1"]["persistentVolumeClaim"] == {"claimName": "tokenizers", "readOnly": True}
+  mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+  assert mounts["data-0"] == {"name": "data-0", "mountPath": "/data", "readOnly": True}
+  assert mounts["data-1"] == {"name": "data-1", "mountPath": "/models/tok", "readOnly": True}
+  assert mounts["checkpoints"]["mountPath"] == "/checkpoints" and "readOnly" not in mounts["checkpoints"]
+
+
+def test_a_layout_plan_says_does_not_fit_is_refused_before_anything_is_written():
+  """for_recipe takes plan's verdict: the proxy at a micro-batch of 32 needs ~363 GiB per H200 (one line,
+  plan's cheapest fix); --no-fit-check (fit_check=False) writes it anyway, the node layout still checked."""
+  big = ["offload=none", "per_device_batch_size=32"]
+  req = k8s.Request("proxy", "h200x8/deepseek3-proxy-16b", big, 1, "reg/x:1")
+  with pytest.raises(UserError, match=r"on 1 node\(s\) does not fit: .* cheapest fix \(smaller micro-batch\): "):
+    k8s.for_recipe(req)
+  resolved, docs = k8s.for_recipe(k8s.Request(**(req.__dict__ | {"fit_check": False})))
+  assert resolved.nodes == 1 and [d["kind"] for d in docs] == ["JobSet"]
+  assert "per_device_batch_size=32" in _pod_command(docs)

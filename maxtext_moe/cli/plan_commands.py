@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from pathlib import Path
 from typing import IO
 
 from maxtext_moe.cli.run_commands import add_nodes_option, recipe_args, split_recipe
@@ -15,6 +16,8 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
     return _search(ns, out)
   if ns.gpu or ns.write or ns.top is not None:
     raise UserError("--gpu, --write and --top belong to --search: plan MODEL --gpu GPU --nodes N --search")
+  if ns.force:
+    raise UserError("--force goes with --write FILE.yml: plan MODEL --gpu GPU --nodes N --search --write FILE.yml")
   recipe, overrides = recipe_args(ns)
   if recipe is None:
     raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
@@ -28,6 +31,8 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
     raise UserError("--compiled is read by the step-time model: pass --time with it")
   if ns.run and not ns.time:
     raise UserError("--run is read by the step-time model: pass --time with it")
+  if ns.check:
+    return _check(ns, recipe, overrides, out)
   compiled = _compile_report(ns.compiled) if ns.compiled else None
   result = memory_plan(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem, mfu=ns.mfu)
   timed = None
@@ -39,15 +44,46 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.json:
     print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
   else:
-    print(result.table() + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
+    table = _throughput_line(result.table(), ns.mfu, timed)
+    print(table + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
   return 0 if result.base.fits else 1
+
+
+def _throughput_line(table: str, mfu: float, timed) -> str:
+  """The table's fixed-MFU line said to be an assumption; with --time left out for the step-time model's
+  prediction, which the block below gives (two tokens/s figures side by side read as two predictions)."""
+  prefix = f"  at {mfu:.0%} MFU of "
+  lines = table.splitlines()
+  for i, line in enumerate(lines):
+    if not line.startswith(prefix):
+      continue
+    if timed is None:
+      lines[i] = (
+        f"  at an assumed {mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of {line[len(prefix) :]}"
+      )
+    else:
+      lines[i] = (
+        f"  throughput: the step-time model's prediction below, {timed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
+        f"at {timed.mfu:.1%} MFU (the fixed --mfu what-if is left out with --time)"
+      )
+  return "\n".join(lines)
+
+
+def _check(ns: argparse.Namespace, recipe: str, overrides: list[str], out: IO[str]) -> int:
+  """`plan RECIPE --check`: one line; a layout that does not divide or fit is an error (exit 2)."""
+  from maxtext_moe.cluster import fit
+
+  for flag in ("time", "json", "compiled", "run"):
+    if getattr(ns, flag):
+      raise UserError(f"--{flag} does not go with --check (one line: fits, or the error)")
+  print(f"maxtext-moe: {fit.check(recipe, overrides, gpus=ns.gpus, gpu_mem_gib=ns.gpu_mem).line()}", file=out)
+  return 0
 
 
 def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   """`plan MODEL --gpu GPU --nodes N --search [--write FILE.yml]`."""
   import shlex
   import sys
-  from pathlib import Path
 
   from maxtext_moe.bench.report import emit
   from maxtext_moe.steptime import search
@@ -60,6 +96,12 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
       raise UserError(f"--{flag.replace('_', '-')} is not read by --search (it times every layout it keeps)")
   if ns.nodes is not None and ns.nodes < 1:
     raise UserError(f"--nodes must be >= 1, got {ns.nodes}")
+  if ns.check:
+    raise UserError("--check goes with a RECIPE, not --search (the search keeps only layouts that fit)")
+  if ns.force and not ns.write:
+    raise UserError("--force goes with --write FILE.yml (it replaces FILE.yml)")
+  if ns.write:
+    _writable_recipe(Path(ns.write), force=ns.force)  # before the search's minutes
   top = 8 if ns.top is None else ns.top
   if top < 1:
     raise UserError(f"--top must be >= 1, got {top}")
@@ -85,12 +127,21 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   return 0
 
 
-def _write_recipe(path, text: str) -> None:
-  """Writes the recipe whole or not at all (a temporary file renamed into place)."""
+def _writable_recipe(path, *, force: bool) -> None:
+  """--write FILE.yml as a recipe file may be written: .yml, in a folder that exists, not over a file
+  already there unless --force."""
   if path.suffix != ".yml":
     raise UserError(f"--write {path}: a recipe file ends in .yml (MaxText's rule)")
   if not path.parent.is_dir():
     raise UserError(f"--write {path}: the folder {path.parent} does not exist")
+  if path.is_dir():
+    raise UserError(f"--write {path}: is a directory; name the recipe file to write")
+  if path.exists() and not force:
+    raise UserError(f"--write {path.absolute()} already exists; pass --force to replace it")
+
+
+def _write_recipe(path, text: str) -> None:
+  """Writes the recipe whole or not at all (a temporary file renamed into place)."""
   tmp = path.with_name(f".{path.name}.tmp")
   tmp.write_text(text, encoding="utf-8")
   tmp.replace(path)
@@ -126,11 +177,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "loss phase's logits, MoE dispatch buffers and attention; plus host memory for offloaded state. Says "
     "whether it fits the GPU's HBM (times the flag profile's XLA_PYTHON_CLIENT_MEM_FRACTION) and, if not, "
     "the cheapest change that does: an offload preset, another EP/FSDP split, or a smaller micro-batch. "
-    "Prints training FLOPs per token (MaxText's count) and TFLOP/s per GPU at --mfu. Nothing is compiled; "
+    "Prints training FLOPs per token (MaxText's count) and, at an assumed --mfu (not a prediction), TFLOP/s "
+    "and tokens/s per GPU. Nothing is compiled; "
     "'maxtext-moe bench plan' checks the estimate against XLA's compiled memory_analysis() on CPU. "
     "--time adds the step-time model (docs/step-time.md): compute per op class at measured efficiencies, "
     "each collective from its bytes and whether it crosses NVLink domains, what overlaps and what is "
-    "exposed; step time, tokens/s, TFLOP/s per GPU, MFU and the three largest exposed costs. Its "
+    "exposed; step time, tokens/s, TFLOP/s per GPU, MFU and the three largest exposed costs: the prediction "
+    "(the --mfu line is then left out). Its "
     "collectives are analytic, or XLA:GPU's with --compiled DIR (the --hlo DIR of 'maxtext-moe compile' "
     "for the same recipe and overrides); the output says which. The expert GEMMs and exchange run at the "
     "busiest EP rank's rows: --run RUN_DIR takes that imbalance from a training run's moe_load.jsonl (the "
@@ -140,7 +193,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   add_nodes_option(p)
   p.add_argument("--gpus", type=int, help="number of GPUs, a whole number of nodes (default: the recipe's nodes)")
   p.add_argument("--gpu-mem", type=float, help="usable memory per GPU in GiB (default: the hardware's HBM)")
-  p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization for the throughput line (0.4)")
+  p.add_argument(
+    "--mfu",
+    type=float,
+    default=0.4,
+    help="the model FLOPs utilization assumed for the table's what-if throughput line (0.4): an assumption, not "
+    "a prediction; --time predicts it (and leaves this line out)",
+  )
   p.add_argument("--json", action="store_true", help="print the plan as one JSON object instead of the table")
   p.add_argument("--time", action="store_true", help="add the step-time model (GPU recipes)")
   p.add_argument(
@@ -151,6 +210,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     metavar="RUN_DIR",
     help="with --time: the routing imbalance a training run of the same model measured (its moe_load.jsonl)",
   )
+  _add_search_options(p)
+  p.set_defaults(func=_plan)
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+  """--search and what goes with it: the layouts of a model on a GPU and node count, the fastest written."""
   p.add_argument(
     "--search",
     action="store_true",
@@ -159,9 +224,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "step-time model's tokens/s per GPU",
   )
   p.add_argument("--gpu", help=f"with --search: the GPU ({', '.join(_gpus())}); default a recipe's own")
-  p.add_argument("--write", metavar="FILE.yml", help="with --search: write the fastest as a recipe file")
+  p.add_argument(
+    "--write", metavar="FILE.yml", help="with --search: write the fastest as a recipe file (not over one: --force)"
+  )
+  p.add_argument("--force", action="store_true", help="with --write: replace FILE.yml if it exists")
+  p.add_argument(
+    "--check",
+    action="store_true",
+    help="for launchers: one line, exit 0 when the layout fits; a layout that does not divide or fit is "
+    "one error line, exit 2 (scripts/slurm/train.sbatch runs it before starting the tasks)",
+  )
   p.add_argument("--top", type=int, help="with --search: how many layouts to print (8)")
-  p.set_defaults(func=_plan)
 
 
 def _gpus() -> list[str]:

@@ -15,6 +15,9 @@ Two kinds:
 - `job`: an indexed Job plus a headless Service, for clusters without JobSet; a failed pod fails the Job
   (not retried one by one: the others could not continue without it).
 Checkpoints go to a PersistentVolumeClaim at /checkpoints; /dev/shm is memory-backed (NCCL and XLA use it).
+Data and tokenizers on other claims are mounted read-only (--data-claim NAME[:MOUNT], /data by default).
+Before anything is written the layout is checked as `plan` checks it (fit.py): whole NVLink domains,
+tensors that divide, memory that fits.
 
 Multi-node NVLink (GB200/GB300 NVL72), where the layout puts one NVLink domain over several nodes:
 - a ComputeDomain (resource.nvidia.com/v1beta1, NVIDIA's DRA driver for GPUs) whose IMEX channel every pod
@@ -31,12 +34,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from maxtext_moe.cluster import placement, supervisor
+from maxtext_moe.cluster import k8s_pod, placement, supervisor
 from maxtext_moe.config.recipes import portable_text
 from maxtext_moe.errors import UserError
 
 COORDINATOR_PORT = 6123
 CHECKPOINT_MOUNT = "/checkpoints"
+CHECKPOINT_CLAIM = "maxtext-moe-checkpoints"
 RECIPE_MOUNT = "/etc/maxtext-moe/recipe"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "workers"
@@ -45,7 +49,6 @@ COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 CHANNEL_CLAIM = "imex-channel"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
-POD_PATHS = ("model_file", "load_parameters_path", "tokenizer_path")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,8 @@ class Request:
   image: str
   kind: str = "jobset"
   gpus_per_node: int = 8
-  checkpoint_claim: str = "maxtext-moe-checkpoints"
+  checkpoint_claim: str = CHECKPOINT_CLAIM
+  data_claims: tuple[str, ...] = ()  # "NAME[:MOUNT]": more claims, read-only, at MOUNT (default /data)
   max_restarts: int = 3
   run_name: str = ""  # "" -> the job's name
   nodes_per_domain: int = 1  # nodes one NVLink domain spans as laid out (> 1: GB200/GB300 NVL72)
@@ -67,6 +71,7 @@ class Request:
   rdma_resource: str = ""  # "NAME=COUNT" per pod, e.g. "rdma/ib=4"; "" asks for none
   compute_domain: bool = True  # claim an IMEX channel of a ComputeDomain when nodes_per_domain > 1
   recipe_text: str = ""  # a recipe file's text (a ConfigMap the pods mount); "" for a shipped recipe
+  fit_check: bool = True  # refuse a layout plan says does not fit device or host memory (for_recipe)
 
   @property
   def domains(self) -> int:
@@ -85,15 +90,14 @@ def _check_name(name: str) -> None:
 
 
 def _rdma(req: Request) -> dict[str, int]:
-  if not req.rdma_resource:
-    return {}
-  name, _, count = req.rdma_resource.partition("=")
-  if not name or "/" not in name or not count.isdigit() or int(count) < 1:
-    raise UserError(
-      f"--rdma-resource {req.rdma_resource!r}: give the NICs' resource name and count per pod, e.g. rdma/ib=4 "
-      "(kubectl describe node shows the name under Allocatable)"
-    )
-  return {name: int(count)}
+  return k8s_pod.rdma(req.rdma_resource)
+
+
+def data_mounts(req: Request) -> list[tuple[str, str]]:
+  """(claim, mount path) of each --data-claim, checked against the pod's other mounts."""
+  taken = {"/dev/shm": "the memory-backed /dev/shm", CHECKPOINT_MOUNT: f"--checkpoint-claim {req.checkpoint_claim}"}
+  taken |= {RECIPE_MOUNT: "the recipe's ConfigMap"} if req.recipe_text else {}
+  return k8s_pod.data_mounts(req.data_claims, taken)
 
 
 def _env(req: Request, coordinator: str, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -136,7 +140,8 @@ def _container(req: Request, coordinator: str, env: dict[str, str]) -> dict[str,
       {"name": "dshm", "mountPath": "/dev/shm"},
       {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
     ]
-    + ([{"name": "recipe", "mountPath": RECIPE_MOUNT, "readOnly": True}] if req.recipe_text else []),
+    + ([{"name": "recipe", "mountPath": RECIPE_MOUNT, "readOnly": True}] if req.recipe_text else [])
+    + [{"name": f"data-{i}", "mountPath": m, "readOnly": True} for i, (_, m) in enumerate(data_mounts(req))],
   }
 
 
@@ -148,7 +153,11 @@ def pod_spec(req: Request, coordinator: str, env: dict[str, str], *, subdomain: 
       {"name": "dshm", "emptyDir": {"medium": "Memory"}},
       {"name": "checkpoints", "persistentVolumeClaim": {"claimName": req.checkpoint_claim}},
     ]
-    + ([{"name": "recipe", "configMap": {"name": f"{req.name}-recipe"}}] if req.recipe_text else []),
+    + ([{"name": "recipe", "configMap": {"name": f"{req.name}-recipe"}}] if req.recipe_text else [])
+    + [
+      {"name": f"data-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+      for i, (claim, _) in enumerate(data_mounts(req))
+    ],
   }
   if req.multi_node_nvlink and req.compute_domain:
     spec["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": _channel(req)}]
@@ -205,6 +214,7 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   """The documents to apply, in order."""
   _check(req)
   _rdma(req)
+  data_mounts(req)
   labels = {"app.kubernetes.io/name": "maxtext-moe", JOB_LABEL: req.name}
   domain = [compute_domain(req, labels)] if req.multi_node_nvlink and req.compute_domain else []
   if req.recipe_text:  # a recipe file travels with the job, mounted read-only where the command names it
@@ -259,16 +269,6 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   return [*domain, jobset]
 
 
-def _here(overrides: list[str]) -> list[str]:
-  """The overrides this machine checks the recipe with: a model_file, load_parameters_path or tokenizer_path
-  that exists only in the pods (the checkpoint volume) is left out here (the layout is then checked on the
-  recipe's own model) and passed to the pods as given."""
-  gone = {k for k, _, v in (o.partition("=") for o in overrides) if k in POD_PATHS and v and not Path(v).exists()}
-  gone |= {"vocab_from_tokenizer"} if "tokenizer_path" in gone else set()  # it reads the pods' tokenizer
-  kept = [o for o in overrides if o.partition("=")[0] not in gone]
-  return kept + (["finetune=false"] if "load_parameters_path" in gone else [])
-
-
 def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
   and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
@@ -279,7 +279,7 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   overrides = [*req.overrides, *run, f"base_output_directory={CHECKPOINT_MOUNT}"]
   if req.nodes > 0:
     overrides.append(f"nodes={req.nodes}")
-  recipe = recipes.read(req.recipe, _here(overrides), keep_process_flags=False)  # the cluster's flags, not ours
+  recipe = recipes.read(req.recipe, k8s_pod.here(overrides), keep_process_flags=False)  # the cluster's flags, not ours
   recipe.resolve()
   layout = recipe.keys.layout
   if layout.gpus_per_node is None:
@@ -291,4 +291,9 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   resolved = replace(
     req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain, recipe_text=text
   )
-  return resolved, manifests(resolved, recipe.flags.full_env())
+  docs = manifests(resolved, recipe.flags.full_env())  # the request's own checks first: they are quick
+  if req.fit_check:  # tensors that divide, memory that fits: plan's verdict, before anything is printed
+    from maxtext_moe.cluster import fit  # pylint: disable=import-outside-toplevel
+
+    fit.check(req.recipe, k8s_pod.here(overrides))
+  return resolved, docs

@@ -1,0 +1,80 @@
+"""Before a cluster job is written or fanned out: `plan`'s verdict as one line, so a layout that does not fit
+fails on the submitting machine (`k8s`) or the batch host (`plan --check`, the first step of
+scripts/slurm/train.sbatch), not after every node was scheduled.
+
+The node layout (whole NVLink domains, the DCN degrees, the nearest node counts that divide) is the
+recipe's resolution (config/nodes.py) and the tensor divisibility planner/divisibility.py's, both reached
+through `memory_plan`; the memory verdict and its cheapest fix are `memory_plan`'s own. Nothing is
+re-derived here.
+"""
+
+from dataclasses import dataclass
+
+from maxtext_moe.errors import UserError
+from maxtext_moe.planner.estimate import GIB, Estimate
+from maxtext_moe.planner.memory_plan import MemoryPlan, memory_plan
+
+_LAUNCHER_KEYS = ("nodes", "run_name", "base_output_directory")  # what the launchers add: not the layout's
+
+
+def _size(n: int) -> str:
+  """Decimal units, as file systems' bandwidths are given: 32.1 GB, 257 GB, 12.3 MB."""
+  for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+    if n >= scale:
+      return f"{n / scale:,.{0 if n >= 100 * scale else 1}f} {unit}"
+  return f"{n:,} bytes"
+
+
+def state_bytes(e: Estimate) -> int:
+  """One GPU's share of the train state a checkpoint writes: the float32 parameters and Adam's mu and nu,
+  wherever offload keeps them (device or host)."""
+  return e.params + e.optimizer + e.host_state - (e.params if e.params_from_host else 0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+  """A layout that fits: the plan, and what one checkpoint of it writes."""
+
+  plan: MemoryPlan
+
+  @property
+  def gpus_per_node(self) -> int:
+    return max(self.plan.num_devices // max(self.plan.nodes, 1), 1)
+
+  @property
+  def state_per_gpu(self) -> int:
+    return state_bytes(self.plan.base)
+
+  def line(self) -> str:
+    """'RECIPE on N node(s) fits: X GiB of Y per GPU; a checkpoint writes A GB per GPU, B GB per node'."""
+    e, p = self.plan.base, self.plan
+    room = f"{e.device_total / GIB:.1f} GiB of {e.hbm / GIB:.1f} usable per GPU" if e.hbm else "no memory limit"
+    per_node = self.state_per_gpu * self.gpus_per_node
+    what = "devices" if p.hardware.value == "cpu" else "GPUs"
+    return (
+      f"{p.recipe} on {p.nodes} node(s), {p.num_devices} {what}, fits ({room}); a checkpoint's train state is "
+      f"{_size(self.state_per_gpu)} per {what[:-1]}, {_size(per_node)} per node"
+    )
+
+
+def check(recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None) -> Verdict:
+  """`plan RECIPE overrides` as a launcher must take it: a layout that does not divide, or that plan says
+  does not fit, is a UserError (one line, with plan's cheapest fix); else the verdict."""
+  p = memory_plan(recipe, overrides, gpus=gpus, gpu_mem_gib=gpu_mem_gib)  # layout, divisibility: raised here
+  e = p.base
+  if e.fits:
+    return Verdict(p)
+  own = [o for o in overrides if o.partition("=")[0] not in _LAUNCHER_KEYS]
+  where = f"maxtext-moe plan {' '.join([recipe, *own])} --nodes {p.nodes} shows the estimate"
+  if e.hbm is not None and e.device_total > e.hbm:
+    need = f"{e.device_total / GIB:.1f} GiB per GPU at the peak, {e.hbm / GIB:.1f} usable"
+  else:
+    need = f"{e.host / GIB:.1f} GiB of host memory per GPU, {(e.host_capacity or 0) / GIB:.1f} there"
+  if p.fix is not None:
+    fix = f"cheapest fix ({p.fix_kind}): {' '.join(p.fix.overrides)} ({p.fix.device_total / GIB:.1f} GiB per GPU)"
+  else:
+    fix = (
+      f"no offload preset, EP/FSDP split or smaller micro-batch fits ({p.tried} tried): 'maxtext-moe plan MODEL "
+      "--gpu GPU --nodes N --search' finds a layout that does"
+    )
+  raise UserError(f"{recipe} on {p.nodes} node(s) does not fit: {need} ({where}); {fix}")
