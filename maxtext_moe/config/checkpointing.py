@@ -37,7 +37,7 @@ def at_risk(cfg: Any, step_s: float | None = None) -> str:
       return (
         f"checkpoint_period={period} (MaxText's default) >= steps={steps}: no checkpoint before the last step, so "
         f"a failure loses all the run's work; set checkpoint_period (about {MINUTES} minutes of steps: "
-        "docs/cluster.md)"
+        "docs/recipes.md)"
       )
     run = f", about {steps * step_s / 60:,.0f} minutes by the step-time model" if step_s else ""
     return (
