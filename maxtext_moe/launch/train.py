@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from maxtext_moe import integrity, locks
-from maxtext_moe.config import checkpointing, checks, flags
+from maxtext_moe.config import checkpointing, flags
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.errors import RunEnded, UserError
+from maxtext_moe.launch import off_devices
 from maxtext_moe.launch.preflight import (
   absolute_checkpoint_paths,
   check_inputs,
@@ -215,8 +216,8 @@ def train(
   applied = environment.apply(recipe.flags)
   recipe, job = join_job(recipe, dist)
   cfg = recipe.resolve()
-  if check_only and _off_its_devices(cfg):
-    return _check_off_devices(cfg, recipe, overrides)
+  if check_only and off_devices.off_its_devices(cfg):
+    return off_devices.check(cfg, recipe, overrides, check_resume_layout)
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())
   if jax.default_backend() == "gpu":
@@ -232,59 +233,6 @@ def train(
   cfg = text.prepare(cfg)  # your own corpus: rows checked, JSONL staged as Parquet, the vocabulary checked
   recorder = _start_run(cfg, recipe, applied, job, out)
   return _run(cfg, recipe, recorder, distributed=job is not None)
-
-
-def _off_its_devices(cfg: Any) -> bool:
-  """A GPU recipe checked where its GPUs are not (a login node): no GPU backend, or not its device count."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  want = int(cfg.recipe_num_devices)
-  gpu = str(cfg.recipe_hardware) != "cpu"
-  return gpu and (jax.default_backend() != "gpu" or (want > 0 and jax.device_count() != want))
-
-
-# What `train --check` cannot check off the job's GPUs: each runs when the job starts.
-SKIPPED_OFF_DEVICES = (
-  "the devices each process sees and their NVLink domains",
-  "the platform's host memory for offload",
-  "Transformer Engine and NCCL EP in the image",
-)
-
-
-def _check_off_devices(cfg: Any, recipe: Any, overrides: list[str]) -> dict[str, Any]:
-  """`train --check` of a GPU recipe off its GPUs: every check that needs no device (the config, the
-  layout on the recipe's device count, the paths, data and tokenizer, MaxText's own assertions, a resume's
-  layout) and the memory plan, which must fit; what needs the devices is named as skipped."""
-  from maxtext_moe.planner.memory_plan import memory_plan  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.steptime.recipe import for_recipe  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import trainer  # pylint: disable=import-outside-toplevel
-
-  want = int(cfg.recipe_num_devices)
-  try:
-    checks.check_layout_fits_devices(cfg, num_devices=want)
-  except ValueError as e:
-    raise UserError(str(e)) from e
-  check_inputs(cfg)
-  trainer.validate(cfg)
-  check_resume_layout(cfg)
-  plan = memory_plan(str(recipe.path), overrides)  # checks every tensor divides, as check_layout_divides
-  est = plan.base
-  if not est.fits:
-    fix = f"; the planner's cheapest fix ({plan.fix_kind}): {' '.join(plan.fix.overrides)}" if plan.fix else ""
-    raise UserError(
-      f"{recipe.path.stem} does not fit its GPUs by the planner: {est.device_total / 2**30:.1f} GiB per GPU of "
-      f"{est.hbm / 2**30:.1f} (maxtext-moe plan says more){fix}"
-    )
-  step_s = for_recipe(str(recipe.path), overrides).step_s
-  return {
-    "recipe": recipe.path.stem,
-    "devices": want,
-    "processes": want,
-    "off_devices": True,
-    "plan": f"{est.device_total / 2**30:.1f} GiB per GPU of {est.hbm / 2**30:.1f} by the planner",
-    "at_risk": checkpointing.at_risk(cfg, step_s),
-    "skipped": list(SKIPPED_OFF_DEVICES),
-  }
 
 
 def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str, Any]:

@@ -1,0 +1,63 @@
+"""`train --check` of a GPU recipe where its GPUs are not (a login node): everything that needs no device,
+the memory plan, and the step-time model's minutes between checkpoints; what needs the devices is named."""
+
+from collections.abc import Callable
+from typing import Any
+
+from maxtext_moe.config import checkpointing, checks
+from maxtext_moe.errors import UserError
+from maxtext_moe.launch.preflight import check_inputs
+
+
+def off_its_devices(cfg: Any) -> bool:
+  """A GPU recipe checked where its GPUs are not (a login node): no GPU backend, or not its device count."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  want = int(cfg.recipe_num_devices)
+  gpu = str(cfg.recipe_hardware) != "cpu"
+  return gpu and (jax.default_backend() != "gpu" or (want > 0 and jax.device_count() != want))
+
+
+# What `train --check` cannot check off the job's GPUs: each runs when the job starts.
+SKIPPED_OFF_DEVICES = (
+  "the devices each process sees and their NVLink domains",
+  "the platform's host memory for offload",
+  "Transformer Engine and NCCL EP in the image",
+)
+
+
+def check(cfg: Any, recipe: Any, overrides: list[str], check_resume_layout: Callable[[Any], None]) -> dict[str, Any]:
+  """`train --check` of a GPU recipe off its GPUs: every check that needs no device (the config, the
+  layout on the recipe's device count, the paths, data and tokenizer, MaxText's own assertions, a resume's
+  layout, by `check_resume_layout`) and the memory plan, which must fit; what needs the devices is named as
+  skipped."""
+  from maxtext_moe.planner.memory_plan import memory_plan  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.steptime.recipe import for_recipe  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import trainer  # pylint: disable=import-outside-toplevel
+
+  want = int(cfg.recipe_num_devices)
+  try:
+    checks.check_layout_fits_devices(cfg, num_devices=want)
+  except ValueError as e:
+    raise UserError(str(e)) from e
+  check_inputs(cfg)
+  trainer.validate(cfg)
+  check_resume_layout(cfg)
+  plan = memory_plan(str(recipe.path), overrides)  # checks every tensor divides, as check_layout_divides
+  est = plan.base
+  if not est.fits:
+    fix = f"; the planner's cheapest fix ({plan.fix_kind}): {' '.join(plan.fix.overrides)}" if plan.fix else ""
+    raise UserError(
+      f"{recipe.path.stem} does not fit its GPUs by the planner: {est.device_total / 2**30:.1f} GiB per GPU of "
+      f"{est.hbm / 2**30:.1f} (maxtext-moe plan says more){fix}"
+    )
+  step_s = for_recipe(str(recipe.path), overrides).step_s
+  return {
+    "recipe": recipe.path.stem,
+    "devices": want,
+    "processes": want,
+    "off_devices": True,
+    "plan": f"{est.device_total / 2**30:.1f} GiB per GPU of {est.hbm / 2**30:.1f} by the planner",
+    "at_risk": checkpointing.at_risk(cfg, step_s),
+    "skipped": list(SKIPPED_OFF_DEVICES),
+  }
