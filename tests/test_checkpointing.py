@@ -85,10 +85,11 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert list(tmp_path.iterdir()) == []  # nothing written
   big = run_cli(["train", "h100x8/deepseek3-671b", "--check", "per_device_batch_size=8"], cwd=tmp_path)
   assert big.returncode == 2
-  assert (
-    big.stderr.strip()
-    .splitlines()[-1]
-    .startswith("maxtext-moe: error: deepseek3-671b does not fit its GPUs by the planner: 129.2 GiB per GPU of 72.8")
+  last = big.stderr.strip().splitlines()[-1]
+  assert last == (
+    "maxtext-moe: error: h100x8/deepseek3-671b on 32 node(s) does not fit: 129.2 GiB per GPU at the peak, 72.8 "
+    "usable (maxtext-moe plan h100x8/deepseek3-671b per_device_batch_size=8 --nodes 32 shows the estimate); "
+    "cheapest fix (smaller micro-batch): per_device_batch_size=2 (61.8 GiB per GPU)"
   )
 
 

@@ -2,6 +2,7 @@
 as YAML once the recipe, its node layout and its memory are checked."""
 
 import argparse
+import sys
 from typing import IO
 
 from maxtext_moe.cli.run_commands import add_nodes_option, split_recipe
@@ -48,8 +49,9 @@ def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
     def ignore_aliases(self, data):
       return True
 
-  _, docs = k8s.for_recipe(request)
+  resolved, docs = k8s.for_recipe(request)
   print(yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False), end="", file=out)
+  print(f"maxtext-moe: note: {resolved.at_risk}", file=sys.stderr)  # stdout is the manifests
   return 0
 
 

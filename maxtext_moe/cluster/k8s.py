@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.cluster import k8s_pod, placement, supervisor
+from maxtext_moe.config import checkpointing
 from maxtext_moe.config.recipes import portable_text
 from maxtext_moe.errors import UserError
 
@@ -72,6 +73,7 @@ class Request:
   compute_domain: bool = True  # claim an IMEX channel of a ComputeDomain when nodes_per_domain > 1
   recipe_text: str = ""  # a recipe file's text (a ConfigMap the pods mount); "" for a shipped recipe
   fit_check: bool = True  # refuse a layout plan says does not fit device or host memory (for_recipe)
+  at_risk: str = ""  # how often the job saves and what a failure costs (config/checkpointing.py)
 
   @property
   def domains(self) -> int:
@@ -280,7 +282,7 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   if req.nodes > 0:
     overrides.append(f"nodes={req.nodes}")
   recipe = recipes.read(req.recipe, k8s_pod.here(overrides), keep_process_flags=False)  # the cluster's flags, not ours
-  recipe.resolve()
+  cfg = recipe.resolve()
   layout = recipe.keys.layout
   if layout.gpus_per_node is None:
     raise UserError(
@@ -288,9 +290,8 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
     )
   per_domain = max(int(layout.per_slice or layout.gpus_per_node) // layout.gpus_per_node, 1)
   text = portable_text(req.recipe)
-  resolved = replace(
-    req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain, recipe_text=text
-  )
+  resolved = replace(req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain)
+  resolved = replace(resolved, recipe_text=text, at_risk=checkpointing.at_risk(cfg))
   docs = manifests(resolved, recipe.flags.full_env())  # the request's own checks first: they are quick
   if req.fit_check:  # tensors that divide, memory that fits: plan's verdict, before anything is printed
     from maxtext_moe.cluster import fit  # pylint: disable=import-outside-toplevel

@@ -26,12 +26,14 @@ SKIPPED_OFF_DEVICES = (
 )
 
 
-def check(cfg: Any, recipe: Any, overrides: list[str], check_resume_layout: Callable[[Any], None]) -> dict[str, Any]:
+def check(
+  cfg: Any, name: str, recipe: Any, overrides: list[str], check_resume_layout: Callable[[Any], None]
+) -> dict[str, Any]:
   """`train --check` of a GPU recipe off its GPUs: every check that needs no device (the config, the
   layout on the recipe's device count, the paths, data and tokenizer, MaxText's own assertions, a resume's
   layout, by `check_resume_layout`) and the memory plan, which must fit; what needs the devices is named as
   skipped."""
-  from maxtext_moe.planner.memory_plan import memory_plan  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.cluster import fit  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import for_recipe  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import trainer  # pylint: disable=import-outside-toplevel
 
@@ -43,15 +45,8 @@ def check(cfg: Any, recipe: Any, overrides: list[str], check_resume_layout: Call
   check_inputs(cfg)
   trainer.validate(cfg)
   check_resume_layout(cfg)
-  plan = memory_plan(str(recipe.path), overrides)  # checks every tensor divides, as check_layout_divides
-  est = plan.base
-  if not est.fits:
-    fix = f"; the planner's cheapest fix ({plan.fix_kind}): {' '.join(plan.fix.overrides)}" if plan.fix else ""
-    raise UserError(
-      f"{recipe.path.stem} does not fit its GPUs by the planner: {est.device_total / 2**30:.1f} GiB per GPU of "
-      f"{est.hbm / 2**30:.1f} (maxtext-moe plan says more){fix}"
-    )
-  step_s = for_recipe(str(recipe.path), overrides).step_s
+  est = fit.check(name, overrides).plan.base  # every tensor divides (as check_layout_divides) and it fits
+  step_s = for_recipe(name, overrides).step_s
   return {
     "recipe": recipe.path.stem,
     "devices": want,

@@ -217,7 +217,7 @@ def train(
   recipe, job = join_job(recipe, dist)
   cfg = recipe.resolve()
   if check_only and off_devices.off_its_devices(cfg):
-    return off_devices.check(cfg, recipe, overrides, check_resume_layout)
+    return off_devices.check(cfg, name or str(recipe.path), recipe, overrides, check_resume_layout)
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())
   if jax.default_backend() == "gpu":
