@@ -136,3 +136,13 @@ def test_compile_without_xla_gpus_compiler_is_one_line_naming_the_setup(tmp_path
   assert proc.stderr.strip().splitlines() == [
     "maxtext-moe: error: compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile"
   ]
+
+
+def test_report_of_a_foreign_directory_says_it_once(tmp_path):
+  from maxtext_moe.runlog.report import report
+
+  with pytest.raises(UserError) as e:
+    report(tmp_path)
+  assert (
+    str(e.value) == f"{tmp_path} is not a maxtext-moe run directory: it has no readable metrics.jsonl with step rows"
+  )

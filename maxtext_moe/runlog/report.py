@@ -23,5 +23,7 @@ def report(run_dir: Path) -> tuple[dict[str, Any], list[Path]]:
     layers = read_layers(run_dir / LOAD)
     written = [plot_loss(rows, run_dir / LOSS_PNG), *moe_plots(run_dir, layers)]
     return {"run_dir": str(run_dir)} | summarize(rows, layers=layers), written
+  except UserError:
+    raise  # already the one line (a UserError is a ValueError)
   except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
     raise UserError(f"{foreign} ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
