@@ -191,8 +191,7 @@ def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   assert [d["kind"] for d in docs] == ["Service", "Job"]
   # what a failure costs, on standard error beside the manifests (the recipe's 50 steps, a period of 2,800)
   assert r.stderr.strip().splitlines()[-1] == (
-    "maxtext-moe: note: checkpoint_period=2800 >= steps=50: the run saves at its last step only; a failure "
-    "loses it all"
+    "maxtext-moe: note: checkpoint_period=2800 >= steps=50: the run saves at its last step only; a failure loses it all"
   )
   for doc in docs:
     _validate(doc)
