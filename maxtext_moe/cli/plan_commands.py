@@ -44,29 +44,8 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
   if ns.json:
     print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
   else:
-    table = _throughput_line(result.table(), ns.mfu, timed)
-    print(table + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
+    print(result.table(timed) + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
   return 0 if result.base.fits else 1
-
-
-def _throughput_line(table: str, mfu: float, timed) -> str:
-  """The table's fixed-MFU line said to be an assumption; with --time left out for the step-time model's
-  prediction, which the block below gives (two tokens/s figures side by side read as two predictions)."""
-  prefix = f"  at {mfu:.0%} MFU of "
-  lines = table.splitlines()
-  for i, line in enumerate(lines):
-    if not line.startswith(prefix):
-      continue
-    if timed is None:
-      lines[i] = (
-        f"  at an assumed {mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of {line[len(prefix) :]}"
-      )
-    else:
-      lines[i] = (
-        f"  throughput: the step-time model's prediction below, {timed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-        f"at {timed.mfu:.1%} MFU (the fixed --mfu what-if is left out with --time)"
-      )
-  return "\n".join(lines)
 
 
 def _check(ns: argparse.Namespace, recipe: str, overrides: list[str], out: IO[str]) -> int:

@@ -53,8 +53,10 @@ class MemoryPlan:
     gpu = hardware.gpu(self.hardware)
     return gpu.peak_tflops["bf16"] if gpu else None
 
-  def table(self) -> str:
-    """A readable report: layout, memory per device by component, verdict, fix, throughput."""
+  def table(self, predicted: Any = None) -> str:
+    """A readable report: layout, memory per device by component, verdict, fix, throughput: at the assumed
+    `mfu` (a what-if, said so), or where the step-time model's `predicted` (a Prediction) is given, a
+    pointer to it (two tokens/s figures side by side read as two predictions)."""
     e = self.base
     layout = " x ".join(f"{a}={n}" for a, n in self.layout.items() if n > 1) or "1 device"
     where = f"{self.nodes} node(s), {self.num_devices} x {self.hardware.value}"
@@ -88,11 +90,17 @@ class MemoryPlan:
     ]
     flops_token = e.tflops_per_step * 1e12 / max(e.tokens_per_step, 1)
     lines.append(f"  training FLOPs per token: {flops_token / 1e9:,.2f} GFLOP (MaxText's count, 6N + attention)")
-    if self.peak_tflops:
+    if predicted is not None:
+      lines.append(
+        f"  throughput: the step-time model's prediction below, {predicted.tokens_per_s_per_gpu:,.0f} tokens/s per "
+        f"GPU at {predicted.mfu:.1%} MFU (the fixed --mfu what-if is left out with --time)"
+      )
+    elif self.peak_tflops:
       achieved = self.mfu * self.peak_tflops
       step = e.tflops_per_step / achieved
       lines.append(
-        f"  at {self.mfu:.0%} MFU of {self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
+        f"  at an assumed {self.mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of "
+        f"{self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
         f"{step:.2f} s per step, {e.tokens_per_step / step:,.0f} tokens/s per GPU"
       )
     lines.append("")
