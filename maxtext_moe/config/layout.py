@@ -96,6 +96,19 @@ def dispatch_for(cfg: Any, *, num_devices: int, platform: Any, kind: Any = None)
   )
 
 
+def check_resolved_dispatch(cfg: Any, kind: Any, *, num_devices: int) -> None:
+  """The dispatch `kind` that `moe_dispatch` resolved to, checked as if named (ValueError, one line): the
+  layout it must serve and the buffers beside a capacity factor (`moe.settings`)."""
+  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
+
+  if str(cfg.moe_impl) != "dropless" or int(cfg.num_experts) <= 1:
+    return
+  nodes, capacity = expert_nodes(cfg, num_devices), float(cfg.moe_capacity_factor)
+  ep = mesh_sizes(cfg, num_devices).get("expert", 1)
+  settings.check_dispatch(kind, ep=ep, capacity_factor=capacity, nodes=nodes)
+  settings.check_buffers(kind, cfg.moe_buffers, capacity_factor=capacity, nodes=nodes)
+
+
 def routing_groups(cfg: Any) -> tuple[int, int]:
   """(n_routing_groups, topk_routing_group) of group-limited routing; (0, 0) without it."""
   groups = int(getattr(cfg, "n_routing_groups", -1) or -1)

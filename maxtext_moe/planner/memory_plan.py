@@ -14,7 +14,7 @@ from typing import Any
 
 from maxtext_moe.config import hardware
 from maxtext_moe.config.hardware import Hardware
-from maxtext_moe.config.layout import dispatch_for, expert_nodes, mesh_sizes
+from maxtext_moe.config.layout import check_resolved_dispatch, dispatch_for, mesh_sizes
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
@@ -54,9 +54,8 @@ class MemoryPlan:
     return gpu.peak_tflops["bf16"] if gpu else None
 
   def table(self, predicted: Any = None) -> str:
-    """A readable report: layout, memory per device by component, verdict, fix, throughput: at the assumed
-    `mfu` (a what-if, said so), or where the step-time model's `predicted` (a Prediction) is given, a
-    pointer to it (two tokens/s figures side by side read as two predictions)."""
+    """A readable report: layout, memory per device by component, verdict, fix, throughput (`_throughput`:
+    two tokens/s figures side by side would read as two predictions)."""
     e = self.base
     layout = " x ".join(f"{a}={n}" for a, n in self.layout.items() if n > 1) or "1 device"
     where = f"{self.nodes} node(s), {self.num_devices} x {self.hardware.value}"
@@ -90,19 +89,7 @@ class MemoryPlan:
     ]
     flops_token = e.tflops_per_step * 1e12 / max(e.tokens_per_step, 1)
     lines.append(f"  training FLOPs per token: {flops_token / 1e9:,.2f} GFLOP (MaxText's count, 6N + attention)")
-    if predicted is not None:
-      lines.append(
-        f"  throughput: the step-time model's prediction below, {predicted.tokens_per_s_per_gpu:,.0f} tokens/s per "
-        f"GPU at {predicted.mfu:.1%} MFU (the fixed --mfu what-if is left out with --time)"
-      )
-    elif self.peak_tflops:
-      achieved = self.mfu * self.peak_tflops
-      step = e.tflops_per_step / achieved
-      lines.append(
-        f"  at an assumed {self.mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of "
-        f"{self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
-        f"{step:.2f} s per step, {e.tokens_per_step / step:,.0f} tokens/s per GPU"
-      )
+    lines += self._throughput(predicted)
     lines.append("")
     if e.hbm is None:
       lines.append("  verdict: no device memory limit on this hardware (pass --gpu-mem GiB to check one)")
@@ -119,6 +106,23 @@ class MemoryPlan:
       else:
         lines.append(f"  no offload preset, EP/FSDP split or smaller micro-batch makes it fit ({self.tried} tried)")
     return "\n".join(lines)
+
+  def _throughput(self, predicted: Any) -> list[str]:
+    """The step-time model's `predicted` tokens/s named as the prediction, else the assumed --mfu's what-if."""
+    if predicted is not None:
+      return [
+        f"  throughput: the step-time model's prediction below, {predicted.tokens_per_s_per_gpu:,.0f} tokens/s per "
+        f"GPU at {predicted.mfu:.1%} MFU (the fixed --mfu what-if is left out with --time)"
+      ]
+    if not self.peak_tflops:
+      return []
+    achieved = self.mfu * self.peak_tflops
+    step = self.base.tflops_per_step / achieved
+    return [
+      f"  at an assumed {self.mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of "
+      f"{self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
+      f"{step:.2f} s per step, {self.base.tokens_per_step / step:,.0f} tokens/s per GPU"
+    ]
 
   def as_dict(self) -> dict:
     return {
@@ -238,18 +242,11 @@ def _target(cfg: Any) -> Any:
 def dispatch_kind(ctx: _Context, cfg: Any) -> str:
   """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for, refused (UserError) where
   the run's own checks would refuse it at launch (`auto` turned te_ep with a capacity factor below 1, say)."""
-  from maxtext_moe.moe import settings  # pylint: disable=import-outside-toplevel
-
   kind = dispatch_for(cfg, num_devices=ctx.num_devices, platform=ctx.platform)
-  if str(cfg.moe_impl) == "dropless" and int(cfg.num_experts) > 1:
-    nodes, capacity = expert_nodes(cfg, ctx.num_devices), float(cfg.moe_capacity_factor)
-    try:
-      settings.check_dispatch(
-        kind, ep=mesh_sizes(cfg, ctx.num_devices).get("expert", 1), capacity_factor=capacity, nodes=nodes
-      )
-      settings.check_buffers(kind, cfg.moe_buffers, capacity_factor=capacity, nodes=nodes)
-    except ValueError as e:
-      raise UserError(f"{e} (moe_dispatch={cfg.moe_dispatch} resolves to {kind.value} here)") from e
+  try:
+    check_resolved_dispatch(cfg, kind, num_devices=ctx.num_devices)
+  except ValueError as e:
+    raise UserError(f"{e} (moe_dispatch={cfg.moe_dispatch} resolves to {kind.value} here)") from e
   return kind.value
 
 
