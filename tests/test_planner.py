@@ -222,3 +222,15 @@ def test_plan_cli_exit_codes_and_messages(tmp_path):
   bad = run_cli(["plan", "gb200-nvl72/deepseek3-671b", "--gpus", "100"], cwd=tmp_path)
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1
   assert "100 GPUs is not a whole number of NVLink domains of 64 GPUs; use --nodes 16 or 32" in bad.stderr
+
+
+def test_flops_per_token_and_the_mfu_what_if_do_not_scale_with_gradient_accumulation():
+  """MaxText's per-device TFLOPs count covers every gradient-accumulation micro-batch; the tokens it is
+  divided by must too (Qwen3-30B-A3B: 23.08 GFLOP per token at 1 step or 8, not 8 x that)."""
+  one, eight = (memory_plan("h100x8/qwen3-30b-a3b", [f"gradient_accumulation_steps={n}"]) for n in (1, 8))
+  assert eight.base.tflops_per_step == pytest.approx(8 * one.base.tflops_per_step, rel=1e-6)
+  tables = [p.table().splitlines() for p in (one, eight)]
+  flops, what_if = ([next(r for r in t if key in r) for t in tables] for key in ("FLOPs per token", "assumed"))
+  assert "23.08 GFLOP" in flops[0] and flops[1] == flops[0]
+  # the what-if's step is 8 times longer at 8 steps, its tokens per GPU per second the same
+  assert what_if[0].rsplit(", ", 1)[1] == what_if[1].rsplit(", ", 1)[1] == "17,139 tokens/s per GPU"

@@ -2,8 +2,7 @@
 
 `memory_plan(recipe, overrides, gpus=..., gpu_mem_gib=...)` estimates one device (`estimate.py`), and when
 the recipe does not fit tries changes cheapest first (`_candidates`): offload presets, EP/FSDP splits of
-the same devices, smaller micro-batches. MaxText's own FLOPs count gives FLOPs per token and TFLOP/s per
-GPU at a stated MFU.
+the same devices, smaller micro-batches. MaxText's own FLOPs count gives FLOPs per token.
 """
 
 import dataclasses
@@ -26,10 +25,6 @@ def _gib(n: int | None) -> str:
   return "-" if n is None else f"{n / GIB:,.1f}"
 
 
-def _divisors(n: int) -> list[int]:
-  return [d for d in range(1, n + 1) if n % d == 0]
-
-
 @dataclasses.dataclass
 class MemoryPlan:
   """A recipe's estimate and, when it does not fit, the cheapest fix found."""
@@ -47,6 +42,11 @@ class MemoryPlan:
   fix: Estimate | None
   fix_kind: str | None
   tried: int
+
+  @property
+  def tokens_per_device(self) -> float:
+    """Tokens per device and step, every gradient-accumulation micro-batch (MaxText's TFLOPs count's)."""
+    return self.global_batch * self.seq_len / max(self.num_devices, 1)
 
   @property
   def peak_tflops(self) -> float | None:
@@ -87,7 +87,7 @@ class MemoryPlan:
       f"  {'host memory per GPU':<44}{_gib(e.host_capacity):>10}",
       "",
     ]
-    flops_token = e.tflops_per_step * 1e12 / max(e.tokens_per_step, 1)
+    flops_token = e.tflops_per_step * 1e12 / max(self.tokens_per_device, 1)
     lines.append(f"  training FLOPs per token: {flops_token / 1e9:,.2f} GFLOP (MaxText's count, 6N + attention)")
     lines += self._throughput(predicted)
     lines.append("")
@@ -121,7 +121,7 @@ class MemoryPlan:
     return [
       f"  at an assumed {self.mfu:.0%} MFU (--mfu; not a prediction: plan --time models it) of "
       f"{self.peak_tflops:,.0f} dense bf16 TFLOP/s: {achieved:,.0f} TFLOP/s per GPU, "
-      f"{step:.2f} s per step, {self.base.tokens_per_step / step:,.0f} tokens/s per GPU"
+      f"{step:.2f} s per step, {self.tokens_per_device / step:,.0f} tokens/s per GPU"
     ]
 
   def as_dict(self) -> dict:
@@ -150,7 +150,7 @@ def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:
   if ep > 0 and fsdp > 0:
     ici = ep * fsdp
     # Nearest EP first: the smallest change to the recipe's communication pattern.
-    for new_ep in sorted(_divisors(ici), key=lambda d: (abs(math.log(d / ep)), -d)):
+    for new_ep in sorted((d for d in range(1, ici + 1) if ici % d == 0), key=lambda d: (abs(math.log(d / ep)), -d)):
       if new_ep != ep and int(cfg.num_experts) % new_ep == 0:
         yield "EP/FSDP split", [f"ici_expert_parallelism={new_ep}", f"ici_fsdp_parallelism={ici // new_ep}"]
   pdbs = float(cfg.per_device_batch_size)
