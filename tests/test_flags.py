@@ -13,7 +13,7 @@ from conftest import run_cli
 from maxtext_moe.config import flags, recipes
 from maxtext_moe.errors import UserError
 
-PROFILES = ["h100", "h200", "b200", "gb200", "gb300"]
+PROFILES = ["h100", "h200", "b200", "b300", "gb200", "gb300"]
 
 
 @pytest.fixture(autouse=True)

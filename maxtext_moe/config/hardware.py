@@ -6,17 +6,24 @@ Where each figure comes from:
 - HBM, SM count, clock, L2 and memory bandwidth: what the CUDA driver reports for the device
   (`cudaGetDeviceProperties`), as recorded in XLA's GPU target specs (openxla/xla,
   xla/backends/gpu/target_config/specs/*.txtpb), which match NVIDIA's data sheets (H100 80 GB / 3.35 TB/s,
-  H200 141 GB / 4.8 TB/s, B200 180 GB / 8 TB/s, GB200 186 GB / 8 TB/s, GB300 288 GB / 8 TB/s).
+  H200 141 GB / 4.8 TB/s, B200 180 GB / 8 TB/s, GB200 186 GB / 8 TB/s, B300 and GB300 288 GB / 8 TB/s;
+  b300.txtpb: 158 SMs at 1.965 GHz, compute capability 10.3).
 - Dense tensor-core peaks: NVIDIA's data sheets, which print them with 2:4 sparsity; these are half of
   those. H100/H200 SXM: bf16 989, fp8 1,979 TFLOP/s. DGX B200: bf16 2,250, fp8 and mxfp8 4,500. GB200 and
-  GB300 NVL72 (per GPU, the rack's figure / 72): bf16 2,500, fp8 and mxfp8 5,000.
-- NVLink: 900 GB/s per GPU (NVLink 4, H100/H200) and 1.8 TB/s (NVLink 5, Blackwell), both counted in both
-  directions; the table keeps one direction. NVLink domain: the 8 GPUs of an HGX board, or the 72 of an
-  NVL72 rack.
+  GB300 NVL72 (per GPU, the rack's figure / 72): bf16 2,500, fp8 and mxfp8 5,000. HGX/DGX B300 (NVIDIA's
+  HGX platform page, nvidia.com/en-us/data-center/hgx, per board of 8): FP16/BF16 36 PFLOPS and FP8/FP6
+  72 PFLOPS with sparsity, so bf16 2,250 and fp8 and mxfp8 4,500 per GPU, B200's; FP4 144 PFLOPS sparse
+  and 108 dense, 13,500 per GPU (B200: 72 dense, 9,000); FP64 10 TFLOPS per board (B200: 296), the
+  silicon Blackwell Ultra gave up for NVFP4 (NVIDIA's "Inside NVIDIA Blackwell Ultra" blog, 2025-08).
+  The `nvfp4` peaks (dense): B200 9,000, GB200 10,000 (720 PFLOPS / 72), B300 13,500, GB300 15,000
+  (1,080 / 72); no GEMM class is timed in NVFP4 yet (config/quantization.py refuses te_nvfp4).
+- NVLink: 900 GB/s per GPU (NVLink 4, H100/H200) and 1.8 TB/s (NVLink 5, Blackwell, B300 included), both
+  counted in both directions; the table keeps one direction. NVLink domain: the 8 GPUs of an HGX board, or
+  the 72 of an NVL72 rack.
 - Network: one ConnectX-7 400 Gb/s NIC per GPU (DGX H100/H200/B200, GB200 NVL72), ConnectX-8 800 Gb/s per
-  GPU (GB300 NVL72), one direction.
-- Host memory per GPU: DGX H100/H200 2 TB / 8 GPUs; DGX B200 2 TB / 8; NVL72: one Grace CPU with 480 GB of
-  LPDDR5X per 2 GPUs.
+  GPU (HGX B300: 1.6 TB/s per board of 8, both directions; GB300 NVL72), one direction.
+- Host memory per GPU: DGX H100/H200 2 TB / 8 GPUs; DGX B200 and DGX B300 2 TB / 8; NVL72: one Grace CPU
+  with 480 GB of LPDDR5X per 2 GPUs.
 """
 
 from dataclasses import dataclass, field
@@ -69,8 +76,10 @@ SM_LIMITS = {
 }
 
 _HOPPER = {"bf16": 989.0, "fp8": 1979.0}
-_BLACKWELL_HGX = {"bf16": 2250.0, "fp8": 4500.0, "mxfp8": 4500.0}
-_BLACKWELL_NVL72 = {"bf16": 2500.0, "fp8": 5000.0, "mxfp8": 5000.0}
+_BLACKWELL_HGX = {"bf16": 2250.0, "fp8": 4500.0, "mxfp8": 4500.0, "nvfp4": 9000.0}
+_BLACKWELL_NVL72 = {"bf16": 2500.0, "fp8": 5000.0, "mxfp8": 5000.0, "nvfp4": 10000.0}
+_BLACKWELL_ULTRA_HGX = {**_BLACKWELL_HGX, "nvfp4": 13500.0}
+_BLACKWELL_ULTRA_NVL72 = {**_BLACKWELL_NVL72, "nvfp4": 15000.0}
 
 GPUS: dict[str, GpuModel] = {
   "h100": GpuModel(
@@ -89,8 +98,12 @@ GPUS: dict[str, GpuModel] = {
     "NVIDIA GB200", 197_897_748_480, 240, _BLACKWELL_NVL72, 4, 72, 900, 50, "gb200",
     (10, 0), 152, 2.062, 135_528_448, 7.928064e12,
   ),
+  "b300": GpuModel(
+    "NVIDIA B300", 297_021_865_984, 256, _BLACKWELL_ULTRA_HGX, 8, 8, 900, 100, "b300",
+    (10, 3), 158, 1.965, 135_528_448, 7.936e12,
+  ),
   "gb300": GpuModel(
-    "NVIDIA GB300", 297_021_079_552, 240, _BLACKWELL_NVL72, 4, 72, 900, 100, "gb300",
+    "NVIDIA GB300", 297_021_079_552, 240, _BLACKWELL_ULTRA_NVL72, 4, 72, 900, 100, "gb300",
     (10, 3), 152, 2.07, 135_528_448, 7.928064e12,
   ),
 }  # fmt: skip
