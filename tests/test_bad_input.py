@@ -48,6 +48,12 @@ CASES = [
   ("env_not_key_value", ["train", "env_extra=[NOEQUALS]"], "env_extra entry 'NOEQUALS' is not KEY=VALUE"),
   ("zero_batch", ["train", "per_device_batch_size=0"], "per_device_batch_size=0 gives a global batch of 0 sequences"),
   ("ep_not_dividing", ["train", "ici_expert_parallelism=3"], "num_experts=16 is not divisible by expert parallelism 3"),
+  (
+    "tp_not_dividing_heads",
+    ["plan", "h100x8/qwen3-30b-a3b", "ici_tensor_parallelism=8", "ici_fsdp_parallelism=1", "ici_expert_parallelism=1"],
+    "impossible layout: tensor parallelism 8 (ici/dcn_tensor x tensor_sequence) does not divide num_kv_heads=4; "
+    "use ici_tensor_parallelism=4",
+  ),
   ("two_auto_axes", ["train", "ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
   ("override_without_equals", ["train", "cpu/deepseek3-tiny", "steps"], "expected key=value, got 'steps'"),
   ("nonfinite_policy", ["train", "on_nonfinite_loss=maybe"], "bad value for 'on_nonfinite_loss'"),

@@ -100,6 +100,30 @@ def test_the_fsdp_gathers_cover_every_weight_twice_per_step():
   assert {t.group for t in gathers} == {8} and not any(t.kind == "all-to-all" for t in w.transfers)
 
 
+def test_tensor_parallelism_gathers_and_reduce_scatters_around_every_layer():
+  """TP 2 beside EP 2 x FSDP 2 (Qwen3-30B-A3B, 48 MoE layers, full remat): per layer its attention's input
+  gathered and output reduce-scattered in the forward, its recompute and the backward (3 x 48 of each, the
+  group's [tokens, D] each), our block's tokens split and joined (2 x 3 x 48 all-to-alls of a device's
+  share), the expert weights gathered over `tensor` too, the dense GEMMs at twice the rows and half the
+  width; none of it without TP."""
+  cfg, w = _workload("h100x8/qwen3-30b-a3b", ["ici_tensor_parallelism=2", "ici_fsdp_parallelism=2"])
+  share = cfg.per_device_batch_size * cfg.max_target_length * cfg.emb_dim * 2  # bf16 [tokens, D] per device
+  tp = {t.name: t for t in w.transfers if "tensor-parallel" in t.name}
+  gathers, scatters = tp["tensor-parallel all-gathers x2"], tp["tensor-parallel reduce-scatters x2"]
+  assert (gathers.count, gathers.wire_bytes, gathers.overlappable) == (144, 144 * 2 * share, False)
+  assert (scatters.count, scatters.wire_bytes) == (144, 144 * 2 * share)
+  reshards = tp["tensor-parallel token reshards x2 (MoE block)"]
+  assert (reshards.kind, reshards.count, reshards.wire_bytes) == ("all-to-all", 288, 288 * share)
+  _, flat = _workload("h100x8/qwen3-30b-a3b", ["ici_tensor_parallelism=1", "ici_fsdp_parallelism=4"])
+  assert not [t for t in flat.transfers if "tensor-parallel" in t.name]
+  assert sorted((m * 2, n // 2, k) for m, n, k, _ in flat.gemm_shapes["dense"]) == sorted(
+    (m, n, k) for m, n, k, _ in w.gemm_shapes["dense"]
+  )
+  # the expert weights (3 x 128 x 2,048 x 768 per layer, bf16) gathered over fsdp x tensor = 4, as FSDP 4 alone
+  expert_gathers = lambda wl: sum(t.wire_bytes for t in wl.transfers if t.name.startswith("FSDP") and t.group == 4)  # noqa: E731
+  assert expert_gathers(w) >= 2 * 2 * 48 * 3 * 64 * 2048 * 768  # 64 experts per EP rank, forward and backward
+
+
 def test_the_compiled_programs_collectives_replace_the_analytic_ones():
   from maxtext_moe.steptime.recipe import with_compiled
 

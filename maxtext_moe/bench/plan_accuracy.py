@@ -40,6 +40,7 @@ GPU_CASES: dict[str, tuple[str, list[str]]] = {
   "h100x8 mixtral-8x7b": ("h100x8/mixtral-8x7b", []),
   "h200x8 deepseek3-proxy-16b": ("h200x8/deepseek3-proxy-16b", []),
   "h200x8 qwen3-30b-a3b": ("h200x8/qwen3-30b-a3b", []),
+  "h100x8 qwen3-30b-a3b tp=2": ("h100x8/qwen3-30b-a3b", ["ici_tensor_parallelism=2", "ici_fsdp_parallelism=2"]),
   "b200x8 deepseek3-proxy-16b": ("b200x8/deepseek3-proxy-16b", []),
   "gb200-nvl72 deepseek3-671b": ("gb200-nvl72/deepseek3-671b", []),
   "gb300x1024 deepseek3-671b": ("gb300x1024/deepseek3-671b", []),

@@ -68,6 +68,22 @@ def check_experts_divisible_by_ep(cfg: Any) -> None:
     )
 
 
+def check_tensor_parallelism(cfg: Any) -> None:
+  """Tensor parallelism (MaxText's `tensor` and `tensor_sequence` axes) splits the attention heads: it must
+  divide the query heads and the key/value heads."""
+  tp = 1
+  for axis in ("tensor", "tensor_sequence"):
+    tp *= int(getattr(cfg, f"ici_{axis}_parallelism", 1)) * int(getattr(cfg, f"dcn_{axis}_parallelism", 1))
+  heads = {"num_query_heads": int(cfg.num_query_heads), "num_kv_heads": int(cfg.num_kv_heads)}
+  bad = [f"{k}={v}" for k, v in heads.items() if tp > 1 and v % tp]
+  if bad:
+    fits = [t for t in (2, 4, 8) if t < tp and all(v % t == 0 for v in heads.values())]
+    raise ValueError(
+      f"impossible layout: tensor parallelism {tp} (ici/dcn_tensor x tensor_sequence) does not divide {bad[0]}; "
+      + (f"use ici_tensor_parallelism={fits[-1]}" if fits else "use ici_tensor_parallelism=1")
+    )
+
+
 def check_topk_routing(cfg: Any) -> None:
   """top-k and group-limited routing must be satisfiable."""
   if cfg.num_experts > 1 and cfg.num_experts_per_tok > cfg.num_experts:
@@ -267,6 +283,7 @@ ALL_CHECKS = (
   check_one_auto_axis,
   check_layout_fits_devices,
   check_experts_divisible_by_ep,
+  check_tensor_parallelism,
   check_topk_routing,
   check_sparse_matmul,
   check_one_expert_computation,

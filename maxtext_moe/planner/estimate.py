@@ -70,7 +70,7 @@ from typing import Any
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, xla_buffers
 from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed
-from maxtext_moe.planner.shards import mesh_axes_of
+from maxtext_moe.planner.shards import mesh_axes_of, tensor_ways
 
 GIB = 2**30
 
@@ -185,8 +185,12 @@ def update_in_flight(cfg: Any, leaves: list, rules: list, sizes: dict[str, int],
 
 def batch_tokens(cfg: Any, sizes: dict[str, int], rules: list, num_devices: int) -> int:
   """Tokens per device of the micro batch over the activations' batch axes (MaxText's `activation_batch`
-  rule, which has no `stage`): with pipeline stages, the pipeline's whole batch on each stage."""
+  rule, which has no `stage`): with pipeline stages, the pipeline's whole batch on each stage. Tensor
+  parallelism leaves the batch whole and splits each activation's other dimensions (`shards.tensor_ways`):
+  a device holds what 1/tp of its group's tokens would, so it counts as that many tokens (our MoE block
+  splits the group's tokens themselves)."""
   batch_shards = math.prod(sizes.get(a, 1) for a in mesh_axes_of(("activation_batch",), rules)[0])
+  batch_shards *= tensor_ways(sizes)
   return int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
 
 
@@ -220,7 +224,8 @@ def estimate(
   # Outside the pipeline (MaxText's `logical_axis_rules_pp_act_as_dp`, and the logits' batch rule) the
   # stage axis splits the batch like data.
   outside_tokens = tokens // pipe.stages if pipe else tokens
-  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1)
+  in_block = saved_activations.value_of(cfg.moe_impl) == "dropless"
+  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1, in_block=in_block)
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
   logits_phase, layer_logits = _logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_hardware(cfg.hardware))

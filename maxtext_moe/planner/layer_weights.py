@@ -31,9 +31,11 @@ class LayerWeights:
   dense: int  # one dense layer's weights (a model without experts: every layer)
 
 
-def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool) -> LayerWeights:
+def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool, in_block: bool = False) -> LayerWeights:
   """One layer's weights of each kind, from the parameter leaves ((path, shape, logical names)), the logical
-  axis rules and the mesh axis sizes. Layers that are not scanned (no stack dimension) count nothing."""
+  axis rules and the mesh axis sizes. Layers that are not scanned (no stack dimension) count nothing.
+  `in_block`: the experts run in our dropless block, which gathers their tensor axes too
+  (`shards.stays_split`)."""
   experts = moe_other = dense = 0
   sharded = False
   for path, shape, names in leaves:
@@ -41,8 +43,9 @@ def of(leaves: list, rules: list, sizes: dict[str, int], *, moe_model: bool) -> 
     if path[0] != "params" or stack is None:
       continue
     kind = _STACKS[stack] or ("moe" if moe_model else "dense")
-    computed = shard_elements(shape, names, rules, sizes, gathered=True, skip=stack)
-    if kind == "moe" and "exp" in names:
+    expert_leaf = kind == "moe" and "exp" in names
+    computed = shard_elements(shape, names, rules, sizes, gathered=True, skip=stack, in_block=in_block and expert_leaf)
+    if expert_leaf:
       experts += computed
       sharded |= shard_elements(shape, names, rules, sizes, skip=stack) < computed
     elif kind == "moe":

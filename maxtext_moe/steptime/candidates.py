@@ -1,6 +1,8 @@
 """The layout search's candidates (`search.py`): per NVLink domain (one HGX node, or up to a rack of NVL72
 trays) and across domains:
-- EP x FSDP inside a domain: every split whose EP divides the experts;
+- EP x FSDP x TP inside a domain: every split whose EP divides the experts, tensor parallelism 1, 2 or 4
+  where it divides the attention heads (`tensor`: MaxText splits each activation over it, our block its
+  tokens);
 - across domains: data parallel (each domain a replica: what fits one domain fits N), FSDP over all of
   them, FSDP 2 x data parallel the rest, or (over more than 4 domains) FSDP over half of them x data 2;
 - expert parallelism across domains: every GPU of a domain on the expert axis, over 2, 4, ... domains
@@ -44,6 +46,7 @@ GIVES_UP = {
 OFFLOADS = ("none", "optimizer", "optimizer_params")
 BATCHES = (1, 2, 4, 8)
 STAGES = (2, 4, 8)
+TENSOR = (1, 2, 4)  # tensor-parallel degrees inside a domain
 MICROBATCHES_PER_STAGE = (1, 2, 4, 8)
 
 
@@ -66,6 +69,7 @@ class Layout:
   pipelined: int = 0  # pipeline_parallel_layers
   microbatches: int = 0  # num_pipeline_microbatches
   dcn_ep: int = 1  # expert parallelism across domains (dcn_expert_parallelism): EP ep x dcn_ep in all
+  tp: int = 1  # tensor parallelism inside the domain (ici_tensor_parallelism): ep x fsdp x tp its GPUs
 
   @property
   def per_stage(self) -> int:
@@ -79,6 +83,7 @@ class Layout:
 
   def overrides(self) -> list[str]:
     out = [f"ici_expert_parallelism={self.ep}", f"ici_fsdp_parallelism={self.fsdp}"]
+    out += [f"ici_tensor_parallelism={self.tp}"]
     out += [f"dcn_expert_parallelism={self.dcn_ep}"]
     out += [f"dcn_fsdp_parallelism={self.dcn_fsdp}", f"dcn_data_parallelism={self.dcn_data}"]
     if self.stages > 1:
@@ -94,6 +99,8 @@ class Layout:
 
   def gives_up(self) -> str:
     out = [GIVES_UP[self.remat]]
+    if self.tp > 1:
+      out.append(f"activations gathered and reduce-scattered around every layer (TP {self.tp})")
     if self.offload != "none":
       out.append(f"{self.offload.replace('_', ' and ')} in host memory (PCIe/C2C traffic each step)")
     if self.dcn_fsdp > 1:
@@ -135,11 +142,18 @@ def _ep_across(ici: int, domains: int, num_experts: int, routing_groups: int) ->
 
 
 def layouts(
-  gpu: hardware.GpuModel, nodes: int, num_experts: int, *, moe_layers: int = 0, routing_groups: int = 0
+  gpu: hardware.GpuModel,
+  nodes: int,
+  num_experts: int,
+  *,
+  moe_layers: int = 0,
+  routing_groups: int = 0,
+  tensor: tuple[int, ...] = (1,),
 ) -> list[Layout]:
   """Every candidate layout (batch 1, no offload) on `nodes` nodes of `gpu`; with pipeline stages across
   domains for a DeepSeek decoder of `moe_layers` MoE layers (0: none), at as many microbatches as stages
-  (`microbatch_counts` gives the others); and with expert parallelism across domains (`_ep_across`)."""
+  (`microbatch_counts` gives the others); with expert parallelism across domains (`_ep_across`); and at
+  each tensor-parallel degree of `tensor` that divides a domain."""
   g = gpu.gpus_per_node
   per_domain = max(k for k in range(1, nodes + 1) if nodes % k == 0 and k * g <= max(gpu.nvlink_domain, g))
   ici = per_domain * g
@@ -147,12 +161,13 @@ def layouts(
   staged = [(1, 0)] + [(s, moe_layers // s * s) for s in STAGES if domains % s == 0 and s <= moe_layers]
   out = []
   for stages, pipelined in staged:
-    for ep in _divisors(ici):
+    for tp, ep in ((t, e) for t in tensor if ici % t == 0 for e in _divisors(ici // t)):
       if num_experts % ep:
         continue
       for dcn_fsdp, dcn_data in _across(domains // stages):
+        micro = stages * (stages > 1)
         out += [
-          Layout(ep, ici // ep, dcn_fsdp, dcn_data, remat, 1, "none", stages, pipelined, stages * (stages > 1))
+          Layout(ep, ici // tp // ep, dcn_fsdp, dcn_data, remat, 1, "none", stages, pipelined, micro, 1, tp)
           for remat in REMATS
         ]
     for dcn_ep in _ep_across(ici, domains // stages, num_experts, routing_groups):

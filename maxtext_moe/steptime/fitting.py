@@ -29,6 +29,7 @@ class Found:
       "ep": self.layout.ep,
       "ep_across": self.layout.dcn_ep,
       "fsdp_per_domain": self.layout.fsdp,
+      "tp": self.layout.tp,
       "fsdp_across": self.layout.dcn_fsdp,
       "data_across": self.layout.dcn_data,
       "stages": self.layout.stages,

@@ -3,7 +3,8 @@ their gradients, and all-reduces of the gradient shards over the axes that repli
 with pipeline stages `stage` for the weights outside the pipeline).
 
 Every parameter leaf is gathered before its use in the forward and again in the backward, over the mesh
-axes that shard it except the experts' axis on its expert dimension and the tensor axes, and its gradient
+axes that shard it except the experts' axis on its expert dimension and the tensor axes (which our MoE
+block gathers from its expert weights too, `planner/shards.stays_split`), and its gradient
 reduce-scattered over the same group, both in the compute dtype (as XLA:GPU's compiled programs do). With
 pipeline stages (`planner/stages.py`) a pipelined layer's weights are gathered per iteration and layer of
 the stage, bubble included: MaxText hands each iteration its stage's weights still split over FSDP
@@ -15,6 +16,7 @@ import math
 from typing import Any
 
 from maxtext_moe.planner.layer_phase import dtype_bytes
+from maxtext_moe.planner.saved_activations import value_of
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.stages import Stages
 from maxtext_moe.steptime.model import Transfer
@@ -22,14 +24,18 @@ from maxtext_moe.steptime.model import Transfer
 Sides = dict[str, tuple[int, int]]
 
 
-def _split(names: tuple, rules: list, sides: Sides, skip: str | None = None) -> tuple[int, int, int]:
+def _split(
+  names: tuple, rules: list, sides: Sides, skip: str | None = None, in_block: bool = False
+) -> tuple[int, int, int]:
   """(ways a leaf stays split while computed with, ways it is gathered, NVLink domains the gather spans),
-  leaving out the dimension of logical name `skip` (one layer of a stack)."""
+  leaving out the dimension of logical name `skip` (one layer of a stack); `in_block`: our MoE block
+  computes with it (an expert weight: its tensor axes gathered too, `shards.stays_split`)."""
   gathered = kept = domains = 1
+  in_block = in_block and "exp" in names
   for name, axes in zip(names, mesh_axes_of(names, rules), strict=True):
     for axis in axes if name != skip else ():
       ici, dcn = sides.get(axis, (1, 1))
-      if stays_split(axis, name):
+      if stays_split(axis, name, in_block=in_block):
         kept *= ici * dcn
       else:
         gathered *= ici * dcn
@@ -44,26 +50,27 @@ def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages
   # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
   # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
   w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
+  in_block = value_of(getattr(cfg, "moe_impl", "")) == "dropless"
   out = []
   for path, shape, names in leaves:
     if path[0] != "params":
       continue
     total = math.prod(shape) * w_b
     if pipe is not None and pipe.stack in names:
-      out += _pipelined_rows(total / pipe.stack_layers, names, rules, sides, pipe)
+      out += _pipelined_rows(total / pipe.stack_layers, names, rules, sides, pipe, in_block)
       continue
-    kept, gathered, domains = _split(names, rules, sides)
+    kept, gathered, domains = _split(names, rules, sides, in_block=in_block)
     launches = shape[names.index("layers")] if "layers" in names else 1
     out.append((total / kept, gathered, domains, launches, total / kept / gathered, True))
   return out
 
 
-def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages) -> list[tuple]:
+def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages, in_block: bool) -> list[tuple]:
   """`param_splits`'s rows of the pipelined stack, from one layer's bytes: the layers outside the pipeline
   gathered once each, the stage's per iteration and layer of the stage. Launches as for a stack without
   stages: one per layer of a `layers` stack, one per pass over a DeepSeek `moe_layers` stack (so per
   iteration for a stage's layers), so that a layout with stages and one without are counted alike."""
-  kept, gathered, domains = _split(names, rules, sides, skip=pipe.stack)
+  kept, gathered, domains = _split(names, rules, sides, skip=pipe.stack, in_block=in_block)
   one, per_layer = layer / kept, pipe.stack == "layers"
   runs = pipe.iterations * pipe.layers_per_stage
   launches = runs if per_layer else pipe.iterations

@@ -27,7 +27,7 @@ from maxtext_moe.config import checkpointing, hardware
 from maxtext_moe.config.recipes import configs_dir, list_recipes, recipe_path
 from maxtext_moe.errors import UserError
 from maxtext_moe.steptime import fitting
-from maxtext_moe.steptime.candidates import BATCHES, OFFLOADS, Layout, keys_of, layouts
+from maxtext_moe.steptime.candidates import BATCHES, OFFLOADS, TENSOR, Layout, keys_of, layouts
 from maxtext_moe.steptime.fitting import Found
 
 # The keys of a GPU recipe that are not the model's nor the layout's (the shipped HGX recipes' own).
@@ -120,8 +120,15 @@ def search(base: Base) -> tuple[list[Found], int, Any]:
   found, tried = [], 0
   floors: dict[Layout, int] = {}  # (a layout under full remat, at a batch) -> the offload that fit it
   groups = int(cfg.n_routing_groups or -1)
+  heads = (int(cfg.num_query_heads), int(cfg.num_kv_heads))
+  tensor = tuple(t for t in TENSOR if all(h % t == 0 for h in heads))
   every = layouts(
-    gpu, int(cfg.nodes), max(int(cfg.num_experts), 1), moe_layers=fitting.pipelinable(cfg), routing_groups=groups
+    gpu,
+    int(cfg.nodes),
+    max(int(cfg.num_experts), 1),
+    moe_layers=fitting.pipelinable(cfg),
+    routing_groups=groups,
+    tensor=tensor,
   )
   for start in every:
     first, half = 0, None
@@ -155,7 +162,7 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
   from rich.table import Table  # pylint: disable=import-outside-toplevel
 
   t = Table(title=title)
-  columns = ("#", "EP x FSDP per domain", "across domains", "stages", "microbatches", "batch/GPU (global)")
+  columns = ("#", "EP x FSDP (x TP) per domain", "across domains", "stages", "microbatches", "batch/GPU (global)")
   for col in (*columns, "remat", "offload", "GiB/GPU", "TFLOP/s/GPU", "tokens/s/GPU", "gives up"):
     t.add_column(col, justify="left" if col in ("remat", "offload", "gives up", "across domains") else "right")
   for i, f in enumerate(found[:top], 1):
@@ -164,7 +171,8 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
     across = ", ".join(x for x in (*parts, f"data {lay.dcn_data}" * (lay.dcn_data > 1)) if x)
     staged = lay.stages > 1
     t.add_row(
-      str(i), f"{lay.ep} x {lay.fsdp}", across or "-", str(lay.stages) if staged else "-",
+      str(i), f"{lay.ep} x {lay.fsdp}" + f" x TP {lay.tp}" * (lay.tp > 1), across or "-",
+      str(lay.stages) if staged else "-",
       f"{lay.microbatches} ({lay.bubble:.1%} bubble)" if staged else "-", f"{lay.batch} ({f.global_batch:,})",
       lay.remat, lay.offload, f"{f.device_gib:.1f}", f"{f.prediction.tflops_per_gpu:,.0f}",
       f"{f.prediction.tokens_per_s_per_gpu:,.0f}", lay.gives_up(),
@@ -180,7 +188,9 @@ def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | Non
   )
   header = [
     f"Written by: {command}",
-    f"{base.what}: EP {lay.ep} x FSDP {lay.fsdp} per NVLink domain{stages}"
+    f"{base.what}: EP {lay.ep} x FSDP {lay.fsdp}"
+    + f" x TP {lay.tp}" * (lay.tp > 1)
+    + f" per NVLink domain{stages}"
     + (f", EP {lay.dcn_ep} across domains" if lay.dcn_ep > 1 else "")
     + ", "
     f"{lay.remat} remat, offload {lay.offload}, global batch {chosen.global_batch:,} sequences.",

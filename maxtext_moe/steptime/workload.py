@@ -27,6 +27,12 @@
   back in the backward, and offloaded optimizer state and parameters, in for the update and back out,
   over the host link.
 - Host syncs: our bounded rounds' conditional per MoE layer and pass (`docs/gpu-path.md`), none for te_ep.
+- Tensor parallelism (`_tensor`; MaxText's `tensor` and `tensor_sequence` axes, `planner/shards.py`): the
+  batch stays whole over the group, each activation split; around attention and every dense MLP, the
+  layer's input gathered ([group tokens, D]) and its output reduce-scattered, in each forward and the
+  backward, waited for (XLA:GPU's default schedule runs no collective matmul); our MoE block takes the
+  group's tokens split instead (an all-to-all in and one out). The dense GEMMs run at the group's rows
+  and 1/tp of their width.
 """
 
 import dataclasses
@@ -41,6 +47,7 @@ from maxtext_moe.moe.settings import DispatchKind
 from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
 from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, ep_buffers, experts_recomputed, maxtext_te_block
+from maxtext_moe.planner.shards import TENSOR_AXES
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
 from maxtext_moe.steptime.constants import exchange_beside
@@ -171,6 +178,38 @@ def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], flo
   return out, chunks * sizes[-1].recv_rows / step.tokens, syncs, kind.value, exchange_beside(chunks)
 
 
+def _tensor(cfg: Any, step: _Step) -> list[Transfer]:
+  """Tensor parallelism's activation collectives per step (see the module docstring)."""
+  tp = math.prod(math.prod(step.sides.get(a, (1, 1))) for a in TENSOR_AXES)
+  if tp <= 1:
+    return []
+  domains = math.prod(step.sides.get(a, (1, 1))[1] for a in TENSOR_AXES)
+  one = step.tokens * int(cfg.emb_dim) * dtype_bytes(cfg.dtype)  # a device's share of a [tokens, D] activation
+  each = (2 if step.full else 1) + 1  # forward (again under full remat) and backward
+  ours = value_of(cfg.moe_impl) == "dropless"
+  dense = step.layers + (step.layers - step.moe_layers) + step.moe_layers * (not ours)  # attention and MLPs
+  n = dense * each
+  out = [
+    Transfer(f"tensor-parallel all-gathers x{tp}", "all-gather", n * one * tp, tp, domains, False, n),
+    Transfer(f"tensor-parallel reduce-scatters x{tp}", "reduce-scatter", n * one * tp, tp, domains, False, n),
+  ]
+  if ours and step.moe_layers:  # the group's tokens split for the block, and back
+    m = 2 * step.moe_layers * each
+    out.append(
+      Transfer(f"tensor-parallel token reshards x{tp} (MoE block)", "all-to-all", m * one, tp, domains, False, m)
+    )
+  return out
+
+
+def _tensor_shapes(shapes: dict, sides: dict[str, tuple[int, int]]) -> dict:
+  """The dense GEMMs (and the unembedding) under tensor parallelism: the group's rows, 1/tp of the width."""
+  tp = math.prod(math.prod(sides.get(a, (1, 1))) for a in TENSOR_AXES)
+  if tp <= 1:
+    return shapes
+  split = {cls: [(m * tp, max(n // tp, 1), k, s) for m, n, k, s in shapes[cls]] for cls in ("dense", "head")}
+  return shapes | {cls: v for cls, v in split.items() if cls in shapes}
+
+
 def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Transfer]:
   """Offloaded activations out and back, offloaded optimizer state and parameters in and back."""
   out = []
@@ -219,6 +258,7 @@ def workload(
   exchange, rows_per_token, host_syncs, kind, beside = _exchange(cfg, step, dispatch)
   transfers = fsdp.transfers(cfg, leaves, step.rules, step.sides, step.pipe) + exchange
   transfers += _host_transfers(cfg, leaves, step, kind) + stage_costs.sends(cfg, step.pipe, step.sides, step.micro_rows)
+  transfers += _tensor(cfg, step)
   moe_bytes, dense_bytes = memory_bytes_per_token(cfg, rows_per_token, formats(cfg))
   layers = (step.layers - step.moe_layers, step.moe_layers)
   memory = step.passes * step.tokens * (moe_bytes * step.moe_layers + dense_bytes * layers[0])
@@ -234,7 +274,7 @@ def workload(
     host_syncs=host_syncs,
     exchange_beside=beside,
     attention_fwd_flops=attention_fwd,
-    gemm_shapes=stage_costs.shapes(cfg, step.pipe, step.rows, step.micro_rows, layers),
+    gemm_shapes=_tensor_shapes(stage_costs.shapes(cfg, step.pipe, step.rows, step.micro_rows, layers), step.sides),
     pipeline=stage_costs.pipeline(cfg, step.pipe, flops, layers),
     kernels=_kernels(cfg, step),
     imbalance=imbalance.factor if step.moe_layers else 1.0,
