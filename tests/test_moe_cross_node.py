@@ -24,6 +24,21 @@ def test_groups_worked_examples():
   assert levels.nvlink_groups(2, 3) == ((0, 1, 2), (3, 4, 5))
 
 
+def test_expected_nodes_with_each_group_over_several_nodes():
+  """16 nodes, DeepSeek-V3's 8 groups (2 nodes each), top-4 groups then 8 of their 128 experts: the formula
+  against a count over random draws of that routing."""
+  want = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
+  got = levels.expected_nodes(num_experts=256, top_k=8, nodes=16, routing_groups=(8, 4))
+  assert got == pytest.approx(want) and got == pytest.approx(5.339, abs=1e-3)
+  rng = np.random.default_rng(0)
+  draws = []
+  for _ in range(4000):
+    groups = rng.choice(8, 4, replace=False)
+    experts = rng.choice((groups[:, None] * 32 + np.arange(32)).ravel(), 8, replace=False)
+    draws.append(len(set(experts // 16)))
+  assert np.mean(draws) == pytest.approx(want, abs=0.05)
+
+
 def test_expected_nodes_worked_examples():
   assert levels.expected_nodes(num_experts=256, top_k=8, nodes=8, routing_groups=(8, 4)) == pytest.approx(4.0)
   exact = 8 * (1 - math.comb(224, 8) / math.comb(256, 8))

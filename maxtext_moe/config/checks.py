@@ -139,17 +139,18 @@ def check_buffers_and_capacity(cfg: Any) -> None:
 
 
 def check_routing_groups_on_nodes(cfg: Any) -> None:
-  """With expert parallelism across nodes, group-limited routing's groups lie on whole nodes, so that a
-  token crosses the network to at most topk_routing_group nodes (`moe.levels`): the groups a multiple of
-  the nodes."""
+  """With expert parallelism across nodes, group-limited routing's groups lie on whole nodes (or a group on
+  whole nodes), so that a token crosses the network to at most topk_routing_group nodes (x the nodes a
+  group spans, `moe.levels`): the groups a multiple of the nodes, or the nodes of the groups."""
   nodes, groups = expert_nodes(cfg), int(cfg.n_routing_groups)
-  if not _dropless(cfg) or nodes <= 1 or groups <= 0 or groups % nodes == 0:
+  if not _dropless(cfg) or nodes <= 1 or groups <= 0 or groups % nodes == 0 or nodes % groups == 0:
     return
-  fits = ", ".join(str(n) for n in range(1, groups + 1) if groups % n == 0)
+  fits = ", ".join(str(n) for n in range(1, 4 * groups + 1) if groups % n == 0 or n % groups == 0)
   raise ValueError(
     f"n_routing_groups={groups} do not split evenly over the {nodes} nodes expert parallelism spans "
-    f"(dcn_expert_parallelism): each node must hold whole groups for a token to cross to at most "
-    f"topk_routing_group={cfg.topk_routing_group} nodes; span a number of nodes that divides {groups} ({fits})"
+    f"(dcn_expert_parallelism): each node must hold whole groups, or each group whole nodes, for a token to "
+    f"cross to at most topk_routing_group={cfg.topk_routing_group} groups' nodes; span a number of nodes that "
+    f"divides {groups} or that it divides ({fits})"
   )
 
 

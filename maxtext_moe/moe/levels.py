@@ -16,8 +16,10 @@ row, which sums the node's results for the token before they cross the network, 
 
 DeepSeek-V3's group-limited routing picks a token's experts from its top `topk_routing_group` of
 `n_routing_groups` groups of contiguous experts: with the groups a multiple of the nodes, each node holds
-whole groups and a token crosses the network to at most `topk_routing_group` nodes (4 of 8 for the 671B).
-Without group-limited routing a token reaches up to min(K, N) nodes (`expected_nodes`).
+whole groups and a token crosses the network to at most `topk_routing_group` nodes (4 of 8 for the 671B);
+with the nodes a multiple of the groups, each group spans N / G whole nodes and a token reaches at most
+`topk_routing_group` x N / G of them. Without group-limited routing a token reaches up to min(K, N) nodes
+(`expected_nodes`).
 
 Bounded buffers (`moe.rounds`): each level sends at most a budget per (source, destination) and round, the
 overflow in further rounds. The network level counts rows (what crosses it), G1 = buffer_factor x the
@@ -44,16 +46,22 @@ def nvlink_groups(nodes: int, per_node: int) -> tuple[tuple[int, ...], ...]:
 def expected_nodes(*, num_experts: int, top_k: int, nodes: int, routing_groups: tuple[int, int] = (0, 0)) -> float:
   """Expected distinct nodes a token's top-k experts live on, its groups (or, without group-limited
   routing, its experts) a uniform random choice. With (n_routing_groups, topk_routing_group) and whole
-  groups on each node: nodes x (1 - C(G - G/N, g) / C(G, g)), at most g.
+  groups on each node: nodes x (1 - C(G - G/N, g) / C(G, g)), at most g. With each group over N/G whole
+  nodes: the g chosen groups' g N / G nodes, each missed by all K experts drawn from the chosen groups'
+  g E / G: g N / G x (1 - C(g E / G - E / N, K) / C(g E / G, K)).
 
   Example: 256 experts, top-8, 8 nodes, groups (8, 4) -> 8 x (1 - C(7, 4) / C(8, 4)) = 4.0; without
-  groups -> 8 x (1 - C(224, 8) / C(256, 8)) = 5.29.
+  groups -> 8 x (1 - C(224, 8) / C(256, 8)) = 5.29; 16 nodes, groups (8, 4) -> 8 x (1 - C(112, 8) /
+  C(128, 8)) = 5.34.
   """
   if nodes <= 1:
     return 1.0
   groups, chosen = routing_groups
   if groups > 0 and groups % nodes == 0:
     return nodes * (1 - math.comb(groups - groups // nodes, chosen) / math.comb(groups, chosen))
+  if groups > 0 and nodes % groups == 0:
+    pool, per_node = chosen * num_experts // groups, num_experts // nodes
+    return chosen * nodes // groups * (1 - math.comb(pool - per_node, top_k) / math.comb(pool, top_k))
   return nodes * (1 - math.comb(num_experts - num_experts // nodes, top_k) / math.comb(num_experts, top_k))
 
 
