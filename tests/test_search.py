@@ -136,8 +136,37 @@ def test_k8s_refuses_a_recipe_file_whose_base_the_image_lacks(tmp_path):
 def test_search_refusals_through_the_cli(tmp_path):
   r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "a100", "--search"], cwd=REPO)
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: unknown GPU 'a100'")
-  r = run_cli(["plan", "h100x8/deepseek3-proxy-16b", "--gpu", "h100"], cwd=REPO)
-  assert r.returncode == 2 and "--gpu, --write and --top belong to --search" in r.stderr
+  r = run_cli(["plan", "h100x8/deepseek3-proxy-16b", "--write", str(tmp_path / "x.yml")], cwd=REPO)
+  assert r.returncode == 2 and "--write and --top belong to --search" in r.stderr
+  r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "16"], cwd=REPO)
+  assert r.returncode == 2 and "--gpus goes with a RECIPE; with --gpu GPU give the node count: --nodes N" in r.stderr
+  assert not list(tmp_path.iterdir())
+
+
+def test_plan_a_model_on_a_gpu_without_the_search(capfd):
+  """`plan MODEL --gpu GPU --nodes N`: the shipped recipe of MODEL for GPU where there is one, else the
+  default layout (the largest EP that divides the experts in a node, FSDP the rest and across), the user's
+  overrides on top; named as the user named it, timed with --time."""
+  from maxtext_moe import cli
+
+  assert cli.main(["plan", "qwen3-30b-a3b", "--gpu", "h100", "--nodes", "2", "--json"]) == 0
+  shipped = json.loads(capfd.readouterr().out)
+  assert shipped["planned"] == "the recipe h100x8/qwen3-30b-a3b" and shipped["recipe"] == "h100x8/qwen3-30b-a3b"
+  assert shipped["num_devices"] == 16 and shipped["layout"] == {"fsdp": 8, "expert": 2}
+  assert cli.main(["plan", "qwen3-30b-a3b", "--gpu", "b300", "--nodes", "2", "--time", "--json"]) in (0, 1)
+  default = json.loads(capfd.readouterr().out)
+  assert default["recipe"] == "qwen3-30b-a3b on b300" and default["planned"].startswith("a default layout, EP 8")
+  assert default["layout"] == {"fsdp": 2, "expert": 8} and default["time"]["tokens_per_s_per_gpu"] > 0
+  base, words = search.default_of("qwen3-30b-a3b", "b300", 2, ["ici_tensor_parallelism=2", "ici_expert_parallelism=4"])
+  assert base.overrides[-3:] == ["ici_tensor_parallelism=2", "ici_expert_parallelism=4", "nodes=2"]
+  assert "your overrides on top" in words
+
+
+def test_tensor_parallel_candidates_split_a_node_three_ways():
+  found = [c for c in search.layouts(hardware.GPUS["h100"], 1, 128, tensor=(1, 2, 4)) if c.remat == "full"]
+  assert {(c.ep, c.fsdp, c.tp) for c in found if c.tp > 1} == {(1, 4, 2), (2, 2, 2), (4, 1, 2), (1, 2, 4), (2, 1, 4)}
+  assert all(c.ep * c.fsdp * c.tp == 8 for c in found)
+  assert "ici_tensor_parallelism=4" in next(c for c in found if c.tp == 4).overrides()
 
 
 def test_the_offload_floors_the_search_prunes_with_never_exceed_the_estimates():

@@ -14,11 +14,11 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
 
   if ns.search:
     return _search(ns, out)
-  if ns.gpu or ns.write or ns.top is not None:
-    raise UserError("--gpu, --write and --top belong to --search: plan MODEL --gpu GPU --nodes N --search")
+  if ns.write or ns.top is not None:
+    raise UserError("--write and --top belong to --search: plan MODEL --gpu GPU --nodes N --search")
   if ns.force:
     raise UserError("--force goes with --write FILE.yml: plan MODEL --gpu GPU --nodes N --search --write FILE.yml")
-  recipe, overrides = recipe_args(ns)
+  recipe, overrides, name, planned = _recipe_of(ns)
   if recipe is None:
     raise UserError("plan needs a RECIPE (see 'maxtext-moe recipes')")
   if ns.gpus is not None and ns.gpus < 1:
@@ -40,12 +40,35 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
     from maxtext_moe.steptime.model import format_prediction
     from maxtext_moe.steptime.recipe import for_recipe
 
-    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled, run_dir=ns.run)
+    timed = for_recipe(recipe, overrides, gpus=ns.gpus, compiled=compiled, run_dir=ns.run, name=name)
+  if planned:  # MODEL --gpu GPU: named as the user named it, and what layout it got
+    result.recipe = name
   if ns.json:
-    print(json.dumps(result.as_dict() | ({"time": timed.as_dict()} if timed else {})), file=out)
+    extra = ({"planned": planned} if planned else {}) | ({"time": timed.as_dict()} if timed else {})
+    print(json.dumps(result.as_dict() | extra), file=out)
   else:
-    print(result.table(timed) + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
+    lead = f"planned: {planned}\n" if planned else ""
+    print(lead + result.table(timed) + (f"\n\n{format_prediction(timed)}" if timed else ""), file=out)
   return 0 if result.base.fits else 1
+
+
+def _recipe_of(ns: argparse.Namespace) -> tuple[str | None, list[str], str, str]:
+  """(recipe, overrides, its name, what was planned: empty for a recipe as given); with --gpu GPU, MODEL's
+  recipe or default layout on that GPU and --nodes (`search.default_of`)."""
+  if not ns.gpu:
+    recipe, overrides = recipe_args(ns)
+    return recipe, overrides, recipe or "", ""
+  from maxtext_moe.steptime import search
+
+  model, overrides = split_recipe(ns.args)
+  if model is None:
+    raise UserError("plan --gpu GPU needs a MODEL: a recipe, a model of configs/models or a model YAML file")
+  if ns.gpus is not None:
+    raise UserError("--gpus goes with a RECIPE; with --gpu GPU give the node count: --nodes N")
+  if ns.nodes is not None and ns.nodes < 1:
+    raise UserError(f"--nodes must be >= 1, got {ns.nodes}")
+  base, planned = search.default_of(model, ns.gpu, ns.nodes or 1, overrides)
+  return str(base.path), base.overrides, base.what, planned
 
 
 def _check(ns: argparse.Namespace, recipe: str, overrides: list[str], out: IO[str]) -> int:
@@ -199,10 +222,15 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     "--search",
     action="store_true",
     help="rank the layouts of MODEL (a recipe, a model of configs/models or a model YAML) that fit --nodes "
-    "nodes of --gpu: EP x FSDP per NVLink domain, data or FSDP across, remat, offload and micro-batch, by the "
-    "step-time model's tokens/s per GPU",
+    "nodes of --gpu: EP x FSDP x TP per NVLink domain, EP, FSDP, data or pipeline stages across, remat, "
+    "offload and micro-batch, by the step-time model's tokens/s per GPU",
   )
-  p.add_argument("--gpu", help=f"with --search: the GPU ({', '.join(_gpus())}); default a recipe's own")
+  p.add_argument(
+    "--gpu",
+    help=f"the GPU ({', '.join(_gpus())}); default a recipe's own. Without --search, MODEL on --nodes nodes of "
+    "it is planned (and with --time timed) as its shipped recipe for that GPU, else a default layout (the "
+    "largest EP in a node, FSDP the rest and across), your key=value overrides on top",
+  )
   p.add_argument(
     "--write", metavar="FILE.yml", help="with --search: write the fastest as a recipe file (not over one: --force)"
   )

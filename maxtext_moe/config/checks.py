@@ -11,6 +11,7 @@ from maxtext_moe.config.layout import (
   DCN,
   ICI,
   SUFFIX,
+  check_tensor_parallelism,
   expert_nodes,
   expert_parallelism,
   fixed_layout_size,
@@ -65,22 +66,6 @@ def check_experts_divisible_by_ep(cfg: Any) -> None:
     raise ValueError(
       f"impossible layout: num_experts={cfg.num_experts} is not divisible by expert parallelism {ep} "
       f"(ici_expert_parallelism x dcn_expert_parallelism); pick an EP degree that divides {cfg.num_experts}"
-    )
-
-
-def check_tensor_parallelism(cfg: Any) -> None:
-  """Tensor parallelism (MaxText's `tensor` and `tensor_sequence` axes) splits the attention heads: it must
-  divide the query heads and the key/value heads."""
-  tp = 1
-  for axis in ("tensor", "tensor_sequence"):
-    tp *= int(getattr(cfg, f"ici_{axis}_parallelism", 1)) * int(getattr(cfg, f"dcn_{axis}_parallelism", 1))
-  heads = {"num_query_heads": int(cfg.num_query_heads), "num_kv_heads": int(cfg.num_kv_heads)}
-  bad = [f"{k}={v}" for k, v in heads.items() if tp > 1 and v % tp]
-  if bad:
-    fits = [t for t in (2, 4, 8) if t < tp and all(v % t == 0 for v in heads.values())]
-    raise ValueError(
-      f"impossible layout: tensor parallelism {tp} (ici/dcn_tensor x tensor_sequence) does not divide {bad[0]}; "
-      + (f"use ici_tensor_parallelism={fits[-1]}" if fits else "use ici_tensor_parallelism=1")
     )
 
 

@@ -119,3 +119,19 @@ def exchange_chunks(cfg: Any, *, nodes: int) -> int:
   """`moe_exchange_chunks`, its 0 (auto) made 2 where expert parallelism spans nodes, else 1."""
   chunks = int(getattr(cfg, "moe_exchange_chunks", 0))
   return chunks if chunks > 0 else (2 if nodes > 1 else 1)
+
+
+def check_tensor_parallelism(cfg: Any) -> None:
+  """Tensor parallelism (MaxText's `tensor` and `tensor_sequence` axes) splits the attention heads: it must
+  divide the query heads and the key/value heads."""
+  tp = 1
+  for axis in ("tensor", "tensor_sequence"):
+    tp *= int(getattr(cfg, f"ici_{axis}_parallelism", 1)) * int(getattr(cfg, f"dcn_{axis}_parallelism", 1))
+  heads = {"num_query_heads": int(cfg.num_query_heads), "num_kv_heads": int(cfg.num_kv_heads)}
+  bad = [f"{k}={v}" for k, v in heads.items() if tp > 1 and v % tp]
+  if bad:
+    fits = [t for t in (2, 4, 8) if t < tp and all(v % t == 0 for v in heads.values())]
+    raise ValueError(
+      f"impossible layout: tensor parallelism {tp} (ici/dcn_tensor x tensor_sequence) does not divide {bad[0]}; "
+      + (f"use ici_tensor_parallelism={fits[-1]}" if fits else "use ici_tensor_parallelism=1")
+    )

@@ -78,14 +78,20 @@ def predict_config(
 
 
 def for_recipe(
-  recipe: str, overrides: list[str], *, gpus: int | None = None, compiled: dict | None = None, run_dir: Any = None
+  recipe: str,
+  overrides: list[str],
+  *,
+  gpus: int | None = None,
+  compiled: dict | None = None,
+  run_dir: Any = None,
+  name: str = "",
 ) -> Any:
   """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given; at
-  the routing imbalance `run_dir` measured when given)."""
+  the routing imbalance `run_dir` measured when given), labelled `name` (default: the recipe)."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(recipe, overrides, gpus, None)
   divisibility.check(cfg, ctx.leaves, ctx.num_devices)  # a layout that cannot be built has no step time
   imbalance = imbalance_of(cfg, ctx.num_devices, run_dir)
-  return predict_config(ctx, cfg, f"{recipe} on {ctx.num_devices} GPUs", compiled, imbalance)
+  return predict_config(ctx, cfg, f"{name or recipe} on {ctx.num_devices} GPUs", compiled, imbalance)

@@ -96,6 +96,45 @@ def base_of(model: str, gpu: str | None, nodes: int, overrides: list[str]) -> Ba
   return Base(_template_file(keys), sized, keys, model)
 
 
+def default_of(model: str, gpu: str, nodes: int, overrides: list[str]) -> tuple[Base, str]:
+  """`plan MODEL --gpu GPU --nodes N` without --search: (the recipe to plan, the words for it). A recipe
+  given is planned on GPU; a model of configs/models or a model file on its shipped recipe for GPU where
+  there is one, else on the template with a default layout (`_default_layout`); `overrides` win."""
+  if hardware.gpu(gpu) is None:
+    raise UserError(f"unknown GPU '{gpu}'; the planner knows {', '.join(hardware.GPUS)}")
+  shipped = [r for r in list_recipes() if r.rsplit("/", 1)[-1] == model and _recipe_gpu(r) == gpu]
+  if shipped:
+    return Base(recipe_path(shipped[0]), [*overrides, f"nodes={nodes}"], {}, shipped[0]), f"the recipe {shipped[0]}"
+  base = base_of(model, gpu, nodes, overrides)
+  if base.keys.get("model_name") is None or "ici_expert_parallelism" in base.keys:  # a recipe: its own layout
+    return base, f"the recipe {model} on {gpu}"
+  lay = _default_layout(base, hardware.gpu(gpu), nodes)
+  words = f"a default layout, EP {lay.ep} x FSDP {lay.fsdp} per NVLink domain" + (
+    f", FSDP {lay.dcn_fsdp} across domains" * (lay.dcn_fsdp > 1)
+  )
+  words += ", full remat, one sequence per GPU, nothing offloaded" + ", your overrides on top" * bool(overrides)
+  words += " ('plan ... --search' finds the fastest)"
+  return dataclasses.replace(base, overrides=[*lay.overrides(), *base.overrides], what=f"{model} on {gpu}"), words
+
+
+def _recipe_gpu(name: str) -> str | None:
+  """A shipped recipe's `recipe_hardware`, from its own file."""
+  data = yaml.safe_load(recipe_path(name).read_text(encoding="utf-8"))
+  return data.get("recipe_hardware") if isinstance(data, dict) else None
+
+
+def _default_layout(base: Base, gpu: hardware.GpuModel, nodes: int) -> Layout:
+  """The shipped HGX recipes' shape: the largest EP inside an NVLink domain that divides the experts, FSDP
+  the rest of the domain and across domains, full remat, one sequence per GPU, nothing offloaded."""
+  from maxtext_moe.planner.memory_plan import resolved  # pylint: disable=import-outside-toplevel
+
+  experts = max(int(resolved(base.path, base.overrides).num_experts), 1)
+  return max(
+    (c for c in layouts(gpu, nodes, experts) if c.stages == 1 and c.dcn_ep == 1 and c.dcn_data == 1),
+    key=lambda c: (c.remat == "full", c.ep, c.dcn_fsdp),
+  )
+
+
 @functools.cache
 def _templates() -> tempfile.TemporaryDirectory:
   """A folder for template recipe files, made on the first search and removed when the process ends."""
