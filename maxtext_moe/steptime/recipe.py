@@ -16,8 +16,10 @@ def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[in
   """`w` with its FSDP/gradient collectives and host syncs replaced by those of `compile`'s report of the
   XLA:GPU program (`compile --json`, or `compile.json` from `--hlo DIR`). The expert exchange's bytes stay
   analytic (without TE the compile runs all_to_all where the container runs TE's NCCL EP); where ours is
-  the container's too (all_to_all), the share of it the program runs beside GEMMs is the program's."""
-  kept = [t for t in w.transfers if t.kind in ("all-to-all", "host", "p2p")]
+  the container's too (all_to_all), the share of it the program runs beside GEMMs is the program's. Tensor
+  parallelism's activation collectives stay analytic and waited for (the program's groups of its size do
+  not say which axis they span; its own are then counted again, beside the compute)."""
+  kept = [t for t in w.transfers if t.kind in ("all-to-all", "host", "p2p") or t.name.startswith("tensor-parallel")]
   devices = int(report["devices"])
   partitions = max(int(report.get("partitions", 1)), 1)
   per_domain = max(devices // partitions, 1)
