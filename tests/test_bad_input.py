@@ -63,7 +63,31 @@ CASES = [
   (
     "pipeline_stages_not_dividing_layers",  # the tiny model's 3 MoE layers over 2 stages
     ["train", "ici_pipeline_parallelism=2"],
-    "times the number of stages (2) must divide the number of pipeline_parallel_layers",
+    "pipeline stages: the 3 pipelined layers (pipeline_parallel_layers; by default all the decoder's MoE layers) "
+    "do not split into 2 stages x num_layers_per_pipeline_stage=1; set pipeline_parallel_layers=2 (the other 1 run "
+    "outside the pipeline), or a stage count",
+  ),
+  (
+    "pipeline_layers_per_stage_not_dividing",  # 4 MoE layers: 2 stages of 3 layers
+    [
+      "train",
+      "base_num_decoder_layers=5",
+      "override_model_config=true",
+      "ici_pipeline_parallelism=2",
+      "num_layers_per_pipeline_stage=3",
+    ],
+    "do not split into 2 stages x num_layers_per_pipeline_stage=3; set num_layers_per_pipeline_stage=1 or 2, or",
+  ),
+  (
+    "pipeline_repeats_not_dividing",  # 4 MoE layers: 2 stages x 1 layer x 3 repeats
+    [
+      "train",
+      "base_num_decoder_layers=5",
+      "override_model_config=true",
+      "ici_pipeline_parallelism=2",
+      "num_pipeline_repeats=3",
+    ],
+    "x num_pipeline_repeats=3; set num_pipeline_repeats=2 (or -1: derived)",
   ),
   (
     "pipeline_microbatches_not_a_multiple_of_stages",
@@ -71,9 +95,20 @@ CASES = [
     "The number of microbatches (3) must be divisible by the number of stages (2)",
   ),
   (
-    "pipeline_circular_with_moe",  # 2 MoE layers over 2 stages, one layer per stage visit: 2 repeats
-    ["train", "base_num_decoder_layers=5", "override_model_config=true", "ici_pipeline_parallelism=2"],
-    "a circular pipeline (2 repeats of 2 stages) with MoE layers: MaxText writes each iteration's layer state",
+    "pipeline_prefetching_per_repeat_with_moe",  # a circular pipeline (2 repeats), MaxText's prefetching kind
+    [
+      "train",
+      "base_num_decoder_layers=5",
+      "override_model_config=true",
+      "ici_pipeline_parallelism=2",
+      "pipeline_fsdp_ag_per_repeat=true",
+    ],
+    "pipeline_fsdp_ag_per_repeat=true with MoE layers: MaxText's prefetching pipeline keeps only the layer records",
+  ),
+  (
+    "pipeline_with_load_balance_loss",
+    ["train", "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2", "load_balance_loss_weight=0.01"],
+    "pipeline stages (2) with load_balance_loss_weight=0.01: MaxText averages the pipelined layers' load-balance",
   ),
   (
     "pipeline_with_maxtext_block",

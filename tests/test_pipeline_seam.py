@@ -11,11 +11,13 @@ import pytest
 from flax import linen as nn
 from flax import nnx
 from jax.sharding import Mesh
+from maxtext.common.common_types import ShardMode
 from maxtext.layers import pipeline as mt_pipeline
 
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
-from maxtext_moe.upstream import pipeline
+from maxtext_moe.upstream import pipeline, stage_records
+from maxtext_moe.upstream.patches import installed
 
 SCHEDULES = [(2, 2, 1, 1), (2, 4, 1, 1), (4, 4, 1, 1), (2, 2, 3, 1), (4, 8, 2, 1), (2, 4, 1, 2), (3, 6, 2, 2)]
 
@@ -52,6 +54,63 @@ def test_fold_sums_real_iterations_and_drops_the_bubble():
   np.testing.assert_array_equal(pipeline.fold(rec, s, largest=True), np.stack([rec[1, 0], rec[2, 1]]))
   with pytest.raises(ValueError, match=r"expected a \[3, 2, \.\.\.\] record"):
     pipeline.fold(rec[:2], s)
+
+
+class _Recording(nnx.Module):
+  """A pipeline stage that records, as an MoE layer does, a sum of its input per call."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.w = nnx.Param(jax.random.normal(rngs.params(), (3,)))
+
+  def __call__(self, x, segment_ids, positions, deterministic, model_mode):
+    del segment_ids, positions, deterministic, model_mode
+    self.sow(nnx.Intermediate, "record", jnp.sum(x, axis=(0, 1)))
+    return jnp.tanh(x * self.w[...] + 1.0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # NNX's sow outside nnx.capture, `with mesh`
+@pytest.mark.parametrize("repeats,micro,delay", [(1, 2, False), (2, 2, False), (2, 4, False), (3, 4, True)])
+def test_a_circular_pipeline_hands_out_each_iterations_records(repeats, micro, delay):
+  """MaxText's own pipeline, 2 stages, the repeats of a circular one: what the layers record per iteration
+  comes out [T, S, ...] and folds (`pipeline.fold`) into each layer's sum over the microbatches, and the
+  output is the layers run one after another (MaxText alone stops on the records with repeats)."""
+  s, d = 2, 3
+  cfg = types.SimpleNamespace(
+    ici_pipeline_parallelism=s,
+    dcn_pipeline_parallelism=1,
+    pipeline_delay_activation_forwarding=delay,
+    micro_batch_size_to_train_on=micro,
+    num_pipeline_microbatches=micro,
+    num_pipeline_repeats=repeats,
+    shard_mode=ShardMode.AUTO,
+    max_target_length=2,
+    emb_dim=d,
+    scan_layers=False,
+    pipeline_fsdp_ag_once=False,
+    set_remat_policy_on_pipeline_iterations=True,
+    scan_pipeline_iterations=True,
+    remat_policy="full",
+    debug_sharding=False,
+    logical_axis_rules=[],
+  )
+  mesh = Mesh(np.array(jax.devices()[:s]), ("stage",))
+  x = jax.random.normal(jax.random.PRNGKey(1), (micro, 2, d))
+  with installed(stage_records.patches()), mesh, nn.partitioning.axis_rules([("activation_stage", "stage")]):
+    pipe = mt_pipeline.NNXPipeline(cfg, _Recording, mesh, rngs=nnx.Rngs(0))
+    y = pipe(x, None, None, True)
+    (records,) = nnx.pop(pipe, nnx.Intermediate)["layers"]["record"].get_value()
+  w = np.asarray(pipe.layers.w[...]).reshape(repeats * s, d)  # [(R,) S, D]: layer r*S + s
+  want, want_y = np.zeros((repeats * s, d)), []
+  for m in range(micro):
+    h = np.asarray(x[m])
+    for layer in range(repeats * s):
+      want[layer] += h.sum(axis=0)
+      h = np.tanh(h * w[layer] + 1.0)
+    want_y.append(h)
+  schedule = pipeline.Schedule(s, micro, repeats, 2 if delay else 1)
+  assert records.shape == (schedule.iterations, s, d)
+  np.testing.assert_allclose(pipeline.fold(records, schedule), want, rtol=1e-5)
+  np.testing.assert_allclose(y, np.stack(want_y), rtol=1e-5)
 
 
 def _cfg(**kw):

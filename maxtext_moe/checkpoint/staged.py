@@ -1,9 +1,11 @@
 """A checkpoint written with pipeline stages, read as one without them (what export reads).
 
-A pipelined DeepSeek run keeps its MoE layers as `decoder/moe_layers_outside_pipeline/...` and
-`decoder/pipeline_module/layers/...` [(R,) S, ...] (upstream/stage_load.py has the layout); a checkpoint
-without stages keeps them as one stack, `decoder/moe_layers/...`. The layout depends on the run's pipeline
-keys, which the checkpoint does not record: the run's `job.json` (beside `checkpoints/`) does.
+A pipelined run keeps the layers of the pipeline's stack as `decoder/pipeline_module/layers/...`
+[(R,) S, ...] and those run outside the pipeline as a stack of their own (a DeepSeek run's MoE layers before
+it, `decoder/moe_layers_outside_pipeline/...`; a Qwen3-MoE or Mixtral run's last layers after it,
+`decoder/layers_outside_pipeline/...`; upstream/stage_load.py has the layout); a checkpoint without stages
+keeps them as one stack, `decoder/moe_layers/...` or `decoder/layers/...`. The layout depends on the run's
+pipeline keys, which the checkpoint does not record: the run's `job.json` (beside `checkpoints/`) does.
 """
 
 import json
@@ -15,7 +17,8 @@ from maxtext_moe.upstream import stage_load
 
 
 class StagedReader:
-  """`orbax_io.LeafReader`'s `shape` and `read` over a pipelined checkpoint, its MoE layers as one stack."""
+  """`orbax_io.LeafReader`'s `shape` and `read` over a pipelined checkpoint, the pipeline's layers and those
+  outside it as the one stack a checkpoint without stages has."""
 
   def __init__(self, reader: Any, stages: stage_load.Stages):
     self.reader, self.stages = reader, stages
@@ -24,7 +27,7 @@ class StagedReader:
 
   def _stack(self, path: tuple[str, ...]) -> stage_load.Unstaged:
     if path not in self._stacks:
-      j = next(i for i in range(len(path) - 1) if path[i : i + 2] == ("decoder", stage_load.STACK))
+      j = next(i for i in range(len(path) - 1) if path[i : i + 2] == ("decoder", self.stages.stack.name))
       head, under = path[: j + 1], path[j + 2 :]
       parts = []
       for part in stage_load.staged_parts(under, self.stages):
@@ -39,7 +42,7 @@ class StagedReader:
     return self._stacks[path]
 
   def _staged(self, path: tuple[str, ...]) -> bool:
-    return any(path[i : i + 2] == ("decoder", stage_load.STACK) for i in range(len(path) - 1))
+    return any(path[i : i + 2] == ("decoder", self.stages.stack.name) for i in range(len(path) - 1))
 
   def shape(self, path: tuple[str, ...]) -> tuple[int, ...]:
     return self._stack(path).shape if self._staged(path) else self.reader.shape(path)
@@ -69,15 +72,4 @@ def reader_for(reader: Any, items: Path, cfg: Any) -> Any:
       f"{items} was written with pipeline stages, and its run's job.json (RUN/job.json, which records them) "
       "is not beside it: pass the checkpoint inside its run directory"
     )
-  stages = layout["ici_pipeline_parallelism"] * layout["dcn_pipeline_parallelism"]
-  moe = int(cfg.num_decoder_layers) - int(cfg.first_num_dense_layers)
-  return StagedReader(
-    reader,
-    stage_load.Stages(
-      stages=stages,
-      repeats=layout["num_pipeline_repeats"],
-      per_stage=layout["num_layers_per_pipeline_stage"],
-      outside=moe - layout["pipeline_parallel_layers"],
-      scan_axis=int(cfg.param_scan_axis),
-    ),
-  )
+  return StagedReader(reader, stage_load.Stages.of(cfg, keys=layout))

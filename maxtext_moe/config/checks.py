@@ -18,6 +18,7 @@ from maxtext_moe.config.layout import (
   parallelism_axes,
 )
 from maxtext_moe.config.quantization import check_dense_quantization
+from maxtext_moe.config.stage_checks import check_pipeline_for_moe
 from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization
 
 
@@ -164,39 +165,6 @@ def check_block_supports_model(cfg: Any) -> None:
   bad = [k for k, v in unsupported.items() if v]
   if bad:
     raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {_FIX}")
-
-
-def check_pipeline_for_moe(cfg: Any) -> None:
-  """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline.py: the routing bias
-  among a stage's weights, the expert loads folded from the pipeline's iterations, one bias update per
-  step) for DeepSeek-V3-shaped decoders with our block; what it does not run is refused here."""
-  stages = int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
-  if stages <= 1 or int(cfg.num_experts) <= 1:
-    return
-  if not _dropless(cfg):
-    raise ValueError(
-      f"pipeline stages ({stages}) with moe_impl={cfg.moe_impl}: MaxText's own MoE block takes a routing-bias "
-      "sign per microbatch inside the pipeline, not one per step; set moe_impl=dropless"
-    )
-  if str(cfg.decoder_block).lower().rsplit(".", 1)[-1] != "deepseek":
-    raise ValueError(
-      f"pipeline stages ({stages}) with MoE layers are checked for DeepSeek-V3-shaped models only "
-      f"(decoder_block=deepseek), not decoder_block={cfg.decoder_block}; split across nodes with FSDP or data "
-      "instead ('maxtext-moe plan MODEL --gpu GPU --nodes N --search')"
-    )
-  repeats = int(getattr(cfg, "num_pipeline_repeats", 1))
-  if repeats > 1:
-    per_stage = int(cfg.pipeline_parallel_layers) // stages
-    raise ValueError(
-      f"a circular pipeline ({repeats} repeats of {stages} stages) with MoE layers: MaxText writes each "
-      "iteration's layer state back by repeat and cannot carry what the MoE layers record per iteration (their "
-      f"expert loads); set num_layers_per_pipeline_stage={per_stage} (one repeat)"
-    )
-  if str(cfg.moe_dispatch) == "te_ep":
-    raise ValueError(
-      f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
-      "the stages; use moe_dispatch=auto (all_to_all under stages)"
-    )
 
 
 def check_finetune_has_weights(cfg: Any) -> None:

@@ -25,14 +25,14 @@ from maxtext.configs import pyconfig, types
 from maxtext.utils import globals as mt_globals
 from maxtext.utils import max_utils
 
-from maxtext_moe.config import checks, layers, model_file, nodes, offload
+from maxtext_moe.config import checks, layers, model_file, nodes, offload, stage_checks
 from maxtext_moe.config.keys import PluginKeys
 from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
 from maxtext_moe.upstream import model_yaml
-from maxtext_moe.upstream.derived import layer_value, node_layout, vocab_from_tokenizer
+from maxtext_moe.upstream.derived import layer_value, node_layout, refuse_derived, vocab_from_tokenizer
 from maxtext_moe.upstream.patches import Patch, installed
 
 
@@ -45,9 +45,6 @@ def plugin_model_names() -> tuple[str, ...]:
 
 
 PLUGIN_MODEL_NAMES = plugin_model_names()
-# MaxText's derived keys that a user sets by mistake (MaxText overwrites them), with the key to set instead.
-_BASE_OF = {k: f"base_{k}" for k in ("emb_dim", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "num_query_heads")}
-_BASE_OF["num_kv_heads"] = "base_num_kv_heads"
 
 
 class MoEMaxTextConfig(PluginKeys, types.MaxTextConfig):
@@ -56,6 +53,16 @@ class MoEMaxTextConfig(PluginKeys, types.MaxTextConfig):
   model_name: types.ModelName | Literal[PLUGIN_MODEL_NAMES] = pydantic.Field(  # type: ignore[valid-type]
     "default", description="The name of the model configuration to use."
   )
+
+  @pydantic.model_validator(mode="after")
+  def set_derived_and_validate_values(self) -> "MoEMaxTextConfig":
+    """MaxText's derivations (this name replaces its validator); where it asserts, pipeline stages that do not
+    divide the pipelined layers are one line naming what to set (`stage_checks.check_pipeline_divides_layers`)."""
+    try:
+      return types.MaxTextConfig.set_derived_and_validate_values(self)
+    except AssertionError:
+      stage_checks.check_pipeline_divides_layers(self)
+      raise
 
   @pydantic.model_validator(mode="after")
   def _plugin_checks(self) -> "MoEMaxTextConfig":
@@ -142,17 +149,6 @@ MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compil
 MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1, "ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": 1}
 
 
-def _refuse_derived(overrides: list[str]) -> None:
-  """A key MaxText derives (emb_dim from base_emb_dim and global_parameter_scale, ...) would be silently
-  overwritten: say which key to set instead."""
-  derived = types.DerivedValues.model_fields
-  for item in overrides:
-    key = item.partition("=")[0]
-    if key in derived:
-      hint = f"set {_BASE_OF[key]} instead" if key in _BASE_OF else "it cannot be set"
-      raise UserError(f"{key} is derived by MaxText from other keys and would be ignored; {hint}")
-
-
 def _merged(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
   chain = layers.check_chain(Path(config_path), maxtext_configs_dir())
   layers.require_base(chain, configs_dir() / "base.yml")
@@ -171,7 +167,7 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
       unreadable YAML layer.
   """
   install_resolvers()
-  _refuse_derived(overrides)
+  refuse_derived(overrides)
   try:
     merged = _merged(config_path, overrides)
     model_path = layer_value(merged, "model_file")

@@ -33,7 +33,7 @@ from maxtext.trainers.pre_train import train
 from maxtext.utils import pipeline_utils, sharding
 
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX, MAX_STATS
-from maxtext_moe.upstream import stage_remat
+from maxtext_moe.upstream import stage_records, stage_remat
 from maxtext_moe.upstream.patches import Patch, original
 
 STAGE = "stage"  # MaxText's pipeline mesh axis, its stages' vmap `spmd_axis_name`
@@ -219,6 +219,7 @@ def patches() -> list[Patch]:
     Patch(pipeline_utils, "is_static_param", is_static_param),
     Patch(mt_mtp.MultiTokenPredictionBlock, "__call__", mtp_call),
     *stage_remat.patches(),
+    *stage_records.patches(),
   ]
 
 

@@ -1,15 +1,18 @@
 """A checkpoint written without pipeline stages (every converted Hugging Face one, every run without stages)
 loaded weights-only into a model with MaxText's pipeline stages.
 
-Without stages, a scanned DeepSeek decoder keeps its MoE layers as one stack, `decoder/moe_layers/...`, the
-layer axis of each Param at `param_scan_axis` (0 for the routing bias and the other non-Params, and for a
-Param too small to have that axis). With S stages, R repeats (a circular pipeline) and `lps` layers per
-stage, MaxText runs the first `n_out` MoE layers before the pipeline (`decoder/moe_layers_outside_pipeline`,
-the same stack, n_out long; n_out = MoE layers - `pipeline_parallel_layers`) and keeps the rest as
+Without stages, a scanned decoder keeps the layers the pipeline takes as one stack, the layer axis of each
+Param at `param_scan_axis` (0 for the routing bias and the other non-Params, and for a Param too small to
+have that axis): DeepSeek's MoE layers as `decoder/moe_layers/...` (its dense layers apart), every layer of
+the other decoders (Qwen3-MoE, Mixtral) as `decoder/layers/...` (`Stack`). With S stages, R repeats (a
+circular pipeline) and `lps` layers per stage, MaxText pipelines `pipeline_parallel_layers` of them as
 `decoder/pipeline_module/layers/...` of shape [(R,) S, <one stage>]: a stage is one layer (lps 1: the
 layer axis gone), `lps` layers scanned (`scanned_layers`, the layer axis kept, lps long) or `lps` layers
 one by one (`layers_0` ...). Repeat r of stage s holds the pipeline's layers (r*S + s)*lps ... + lps - 1:
-each microbatch runs through stages 0..S-1 once per repeat.
+each microbatch runs through stages 0..S-1 once per repeat. The stack's other `n_out` layers run outside
+the pipeline, as a stack of their own: a DeepSeek decoder's first n_out MoE layers before it
+(`decoder/moe_layers_outside_pipeline`), the other decoders' last n_out layers after it
+(`decoder/layers_outside_pipeline`; `layers/nnx_decoders.py`, `NNXDecoder.__call__`).
 
 `Placement` is that map for one model leaf; `read` fills any box of it from the stored stack, one
 contiguous run of layers per (repeat, stage) cell, so each process reads only the shards it holds (a 671B
@@ -22,34 +25,70 @@ from typing import Any
 
 import numpy as np
 
-STACK = "moe_layers"  # the scanned MoE layers without stages
-OUTSIDE = "moe_layers_outside_pipeline"
 PIPELINE = ("pipeline_module", "layers")
 SCANNED = "scanned_layers"  # a stage of lps layers scanned (scan_layers_per_stage)
 
 
 @dataclass(frozen=True)
+class Stack:
+  """A decoder's stack the pipeline takes its layers from: its name without stages, the name of its
+  layers run outside the pipeline, and whether those run before the pipeline or after it."""
+
+  name: str
+  outside: str
+  outside_first: bool
+
+
+DEEPSEEK = Stack("moe_layers", "moe_layers_outside_pipeline", outside_first=True)  # its dense layers apart
+GENERIC = Stack("layers", "layers_outside_pipeline", outside_first=False)  # Qwen3-MoE, Mixtral, ...
+
+
+def stack_of(decoder_block: Any) -> Stack:
+  """The stack of a `decoder_block` (MaxText's enum or its value)."""
+  return DEEPSEEK if str(getattr(decoder_block, "value", decoder_block)).lower() == "deepseek" else GENERIC
+
+
+@dataclass(frozen=True)
 class Stages:
-  """What a pipelined DeepSeek decoder's layout depends on, from a resolved MaxText config."""
+  """What a pipelined decoder's layout depends on, from a resolved MaxText config."""
 
   stages: int
   repeats: int
   per_stage: int
-  outside: int  # MoE layers run before the pipeline
+  outside: int  # layers of the stack run outside the pipeline
   scan_axis: int  # param_scan_axis
+  stack: Stack = DEEPSEEK
 
   @classmethod
-  def of(cls, cfg: Any) -> "Stages | None":
-    if not getattr(cfg, "using_pipeline_parallelism", False):
+  def of(cls, cfg: Any, keys: dict[str, int] | None = None) -> "Stages | None":
+    """From a resolved config; its pipeline keys from `keys` (a run's job.json) when given."""
+    if keys is None and not getattr(cfg, "using_pipeline_parallelism", False):
       return None
-    moe = int(cfg.num_decoder_layers) - int(cfg.first_num_dense_layers)
+    key = (lambda k: int(keys[k])) if keys is not None else (lambda k: int(getattr(cfg, k)))
+    stack = stack_of(cfg.decoder_block)
+    layers = int(cfg.num_decoder_layers) - (int(cfg.first_num_dense_layers) if stack == DEEPSEEK else 0)
     return cls(
-      stages=int(cfg.ici_pipeline_parallelism) * int(cfg.dcn_pipeline_parallelism),
-      repeats=int(cfg.num_pipeline_repeats),
-      per_stage=int(cfg.num_layers_per_pipeline_stage),
-      outside=moe - int(cfg.pipeline_parallel_layers),
+      stages=key("ici_pipeline_parallelism") * key("dcn_pipeline_parallelism"),
+      repeats=key("num_pipeline_repeats"),
+      per_stage=key("num_layers_per_pipeline_stage"),
+      outside=layers - key("pipeline_parallel_layers"),
       scan_axis=int(cfg.param_scan_axis),
+      stack=stack,
     )
+
+  @property
+  def pipelined(self) -> int:
+    return self.stages * self.repeats * self.per_stage
+
+  @property
+  def first_pipelined(self) -> int:
+    """The stack's first layer the pipeline runs."""
+    return self.outside if self.stack.outside_first else 0
+
+  @property
+  def first_outside(self) -> int:
+    """The stack's first layer run outside the pipeline."""
+    return 0 if self.stack.outside_first else self.pipelined
 
   def layer_axis(self, is_param: bool, ndim: int) -> int:
     """Where a stored stack keeps its layer axis (MaxText's scan moves a Param's there if it has the room)."""
@@ -81,13 +120,14 @@ class Placement:
 def placement(path: tuple[str, ...], stages: Stages, *, is_param: bool, ndim: int) -> Placement | None:
   """Where a pipelined model's leaf (`path` under `decoder`) comes from in the stack without stages; None
   for a leaf outside the MoE layers. `ndim` is the stored stack's rank."""
-  if path[:1] == (OUTSIDE,):
-    return Placement(path[1:], np.arange(stages.outside), True, stages.layer_axis(is_param, ndim))
+  if path[:1] == (stages.stack.outside,):
+    layers = stages.first_outside + np.arange(stages.outside)
+    return Placement(path[1:], layers, True, stages.layer_axis(is_param, ndim))
   if path[: len(PIPELINE)] != PIPELINE:
     return None
   rest = path[len(PIPELINE) :]
   s, r, lps = stages.stages, stages.repeats, stages.per_stage
-  first = stages.outside + lps * (np.arange(r)[:, None] * s + np.arange(s)[None, :])  # [R, S]
+  first = stages.first_pipelined + lps * (np.arange(r)[:, None] * s + np.arange(s)[None, :])  # [R, S]
   if rest[:1] == (SCANNED,):
     layers, inner, rest = first[..., None] + np.arange(lps), True, rest[1:]
   elif lps > 1:
@@ -169,10 +209,10 @@ class Unstaged:
 
 
 def staged_parts(under: tuple[str, ...], stages: Stages) -> list[tuple[str, ...]]:
-  """Where a pipelined checkpoint may keep stack leaf `under` (its path below `moe_layers`), as paths
-  under `decoder`: the layers before the pipeline, then the pipeline's one leaf (a stage of one layer or
-  of scanned layers) or one per layer of a stage; the caller takes those that exist."""
-  paths = [(OUTSIDE, *under)] if stages.outside else []
+  """Where a pipelined checkpoint may keep stack leaf `under` (its path below the stack), as paths under
+  `decoder`: the layers outside the pipeline, then the pipeline's one leaf (a stage of one layer or of
+  scanned layers) or one per layer of a stage; the caller takes those that exist."""
+  paths = [(stages.stack.outside, *under)] if stages.outside else []
   if stages.per_stage == 1:
     return [*paths, (*PIPELINE, *under)]
   return [*paths, (*PIPELINE, SCANNED, *under), *((*PIPELINE, f"layers_{k}", *under) for k in range(stages.per_stage))]
@@ -180,7 +220,7 @@ def staged_parts(under: tuple[str, ...], stages: Stages) -> list[tuple[str, ...]
 
 def stack_rank(path: tuple[str, ...], stages: Stages, rank: int) -> int:
   """The stack's rank, from the rank of its part at `path` (under `decoder`) in a pipelined checkpoint."""
-  if path[:1] == (OUTSIDE,):
+  if path[:1] == (stages.stack.outside,):
     return rank
   grid = 2 if stages.repeats > 1 else 1
   return rank - grid + (0 if path[len(PIPELINE) : len(PIPELINE) + 1] == (SCANNED,) else 1)

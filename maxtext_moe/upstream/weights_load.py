@@ -105,8 +105,8 @@ def _restore(items: Path, meta: dict[str, Any], name: str, var: Any, layout: Any
 
 
 def _moved(abstract: nnx.State, names: set[str], cfg: Any) -> dict[tuple, tuple[str, Any]]:
-  """A pipelined model's MoE-layer variables and where each comes from, when the checkpoint was written
-  without stages (`stage_load`); empty otherwise."""
+  """A pipelined model's variables of the pipeline's stack and where each comes from, when the checkpoint
+  was written without stages (`stage_load`); empty otherwise."""
   stages = stage_load.Stages.of(cfg) if cfg is not None else None
   if stages is None or any(stage_load.PIPELINE[0] in n.split(".") for n in names):
     return {}
@@ -116,10 +116,10 @@ def _moved(abstract: nnx.State, names: set[str], cfg: Any) -> dict[tuple, tuple[
     where = stage_load.placement(keys[1:], stages, is_param=True, ndim=0) if keys[:1] == ("decoder",) else None
     if where is None:
       continue
-    name = _stored_name(("decoder", stage_load.STACK, *where.source), var, names)
+    name = _stored_name(("decoder", stages.stack.name, *where.source), var, names)
     if name is None:
       raise ValueError(
-        f"Checkpoint does not match the model: no decoder/{stage_load.STACK}/{'/'.join(where.source)} for the "
+        f"Checkpoint does not match the model: no decoder/{stages.stack.name}/{'/'.join(where.source)} for the "
         f"pipeline's {'/'.join(keys)} (a checkpoint without stages and with scan_layers=true loads into stages)"
       )
     out[path] = (name, var)

@@ -1,0 +1,82 @@
+"""Checks on MaxText's pipeline stages (`checks.ALL_CHECKS` runs `check_pipeline_for_moe`; the resolution
+runs `check_pipeline_divides_layers` where MaxText asserts), one `ValueError` line each, as in `checks`."""
+
+from typing import Any
+
+
+def _stages(cfg: Any) -> int:
+  return int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
+
+
+def check_pipeline_for_moe(cfg: Any) -> None:
+  """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline.py: the routing bias
+  among a stage's weights, the expert loads folded from the pipeline's iterations, repeats included, one
+  bias update per step) with our block, for any decoder; what it does not run is refused here."""
+  stages = _stages(cfg)
+  if stages <= 1 or int(cfg.num_experts) <= 1:
+    return
+  if str(cfg.moe_impl) != "dropless":
+    why = (
+      "MaxText's own MoE block takes a routing-bias sign per microbatch inside the pipeline, not one per step"
+      if cfg.routed_bias
+      else "only our block is checked against training without stages"
+    )
+    raise ValueError(f"pipeline stages ({stages}) with moe_impl={cfg.moe_impl}: {why}; set moe_impl=dropless")
+  if str(cfg.moe_dispatch) == "te_ep":
+    raise ValueError(
+      f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
+      "the stages; use moe_dispatch=auto (all_to_all under stages)"
+    )
+  if getattr(cfg, "pipeline_fsdp_ag_per_repeat", False):
+    raise ValueError(
+      "pipeline_fsdp_ag_per_repeat=true with MoE layers: MaxText's prefetching pipeline keeps only the layer "
+      "records it held before the step (none), so the expert loads and the routing-bias update are lost; set "
+      "pipeline_fsdp_ag_per_repeat=false"
+    )
+  if float(getattr(cfg, "load_balance_loss_weight", 0.0)) > 0.0:
+    raise ValueError(
+      f"pipeline stages ({stages}) with load_balance_loss_weight={cfg.load_balance_loss_weight}: MaxText "
+      "averages the pipelined layers' load-balance loss over the pipeline's iterations, the bubble's included, "
+      "not over the step's tokens; set load_balance_loss_weight=0, or train without stages"
+    )
+
+
+def check_pipeline_divides_layers(cfg: Any) -> None:
+  """The pipelined layers (pipeline_parallel_layers, resolved) split into stages x layers per stage x
+  repeats. MaxText asserts it while it derives the repeats; called there (`upstream.config`) to say what
+  to set, on a config whose later keys are not derived yet."""
+  stages, lps = _stages(cfg), int(cfg.num_layers_per_pipeline_stage)
+  pipelined, repeats = int(cfg.pipeline_parallel_layers), int(cfg.num_pipeline_repeats)
+  if (
+    stages <= 1
+    or lps < 1
+    or (pipelined % (stages * lps) == 0 if repeats == -1 else stages * lps * repeats == pipelined)
+  ):
+    return
+  raise ValueError(_not_dividing(cfg, stages, lps, pipelined, repeats))
+
+
+def _not_dividing(cfg: Any, stages: int, lps: int, pipelined: int, repeats: int) -> str:
+  """The line for pipelined layers that do not split into the stages: what they are and what to set."""
+  per_visit = stages * lps
+  if repeats != -1 and pipelined % per_visit == 0:
+    fixes = [f"num_pipeline_repeats={pipelined // per_visit} (or -1: derived)"]
+  else:
+    fixes = ["num_pipeline_repeats=-1 (derived)"] if repeats != -1 else []
+    if pipelined % stages == 0:
+      fits = [d for d in range(1, pipelined // stages + 1) if pipelined // stages % d == 0 and d != lps]
+      fixes.append(
+        "num_layers_per_pipeline_stage="
+        + (" or ".join(map(str, fits)) if len(fits) <= 6 else f"a divisor of {pipelined // stages}")
+      )
+    fit = per_visit * (pipelined // per_visit)
+    if 0 < fit < pipelined:
+      fixes.append(f"pipeline_parallel_layers={fit} (the other {pipelined - fit} run outside the pipeline)")
+    fixes.append(f"a stage count (ici_pipeline_parallelism x dcn_pipeline_parallelism) that divides {pipelined}")
+  shown = f" x num_pipeline_repeats={repeats}" if repeats != -1 else ""
+  which = "MoE layers" if str(getattr(cfg.decoder_block, "value", cfg.decoder_block)) == "deepseek" else "layers"
+  return (
+    f"pipeline stages: the {pipelined} pipelined layers (pipeline_parallel_layers; by default all the decoder's "
+    f"{which}) do not split into {stages} stages x num_layers_per_pipeline_stage={lps}{shown}; set "
+    + ", or ".join(fixes)
+  )
