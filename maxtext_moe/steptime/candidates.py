@@ -11,10 +11,10 @@ trays) and across domains:
 - for a DeepSeek decoder, pipeline stages across domains as well (2, 4 or 8 where they divide the domains
   and the MoE layers allow), the domains left over laid out as above; each pipelines the largest multiple
   of the stages among the MoE layers (`pipeline_parallel_layers`; the rest run before the pipeline, MaxText's
-  `_init_pipeline_deepseek`), all of a stage's layers in one repeat (`num_layers_per_pipeline_stage`: our
-  checks refuse a circular pipeline with MoE layers, `config/checks.py`), with microbatches the stages x 1,
-  2, 4 or 8 (MaxText's rule: a multiple of the stages dividing the batch) while a microbatch keeps a whole
-  sequence per batch shard;
+  `_init_pipeline_deepseek`), all of a stage's layers in one repeat (`num_layers_per_pipeline_stage`; a
+  circular pipeline runs MoE layers too, `upstream/stage_records.py`, but is not searched), with
+  microbatches the stages x 1, 2, 4 or 8 (MaxText's rule: a multiple of the stages dividing the batch)
+  while a microbatch keeps a whole sequence per batch shard;
 - the remat policy: full, or every matmul output kept but the experts';
 - the micro-batch per GPU: 1, 2, 4, 8 (each larger one only while the smaller fits);
 - offload: none, else the optimizer, else the optimizer and parameters (the first that fits).
