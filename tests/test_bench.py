@@ -36,13 +36,13 @@ def test_bounded_ep_measurement_on_a_small_shape(monkeypatch):
 
 @pytest.mark.extended
 def test_timemodel_prints_every_published_point_beside_its_prediction(capsys):
-  """`bench timemodel --quick`: the ten published points, each ratio predicted / published with its three
+  """`bench timemodel --quick`: the sixteen published points, each ratio predicted / published with its three
   largest costs, the count inside the target, and every constant with its source in the JSON."""
   from maxtext_moe.bench import timemodel
 
   result = timemodel.run(out=__import__("sys").stdout, as_json=True, quick=True)
   points = {r["point"]: r for r in result["published"]}
-  assert len(points) == 10 and all(
+  assert len(points) == 16 and all(
     r["ratio"] == pytest.approx(r["predicted"] / r["published"], abs=1e-3) for r in points.values()
   )
   lo, hi = result["target"]

@@ -1,6 +1,6 @@
 """The step-time model's costs beyond FLOPs and bytes (steptime/gemm, latency, launch, imbalance, attention's
-backward), each against its source worked by hand; the ten published points; `plan --time --run RUN_DIR`
-on a real CPU run's moe_load.jsonl, bad input included."""
+backward, the external frameworks' expert exchange), each against its source worked by hand; the sixteen
+published points; `plan --time --run RUN_DIR` on a real CPU run's moe_load.jsonl, bad input included."""
 
 import json
 import math
@@ -39,9 +39,49 @@ def test_no_gemm_runs_above_its_peak_and_the_anchors_hold(gpu, fmt):
   for m, n, k, _ in _rows("hopper", "bf16"):
     assert 0 < gemm.efficiency(GPUS[gpu], fmt, m, n, k) <= 1
   if fmt == "mxfp8" and gemm.arch(GPUS[gpu]) == "blackwell":  # Megatron's measured MXFP8 grouped GEMM
-    assert gemm.efficiency(GPUS[gpu], fmt, 4096, 2048, 7168) == pytest.approx(constant("gemm_mxfp8_blackwell"))
+    assert gemm.efficiency(GPUS[gpu], fmt, *gemm._MX_ANCHOR) == pytest.approx(constant("gemm_mxfp8_blackwell"))
   if fmt == "fp8" and gemm.arch(GPUS[gpu]) == "hopper":  # DeepGEMM's, not XLA's sm_90 FP8 rows (above peak)
     assert gemm.efficiency(GPUS[gpu], fmt, 4096, 7168, 16384) == pytest.approx(constant("gemm_fp8_hopper"))
+
+
+@pytest.mark.parametrize("arch,fmt", [("blackwell", "bf16"), ("blackwell", "fp8"), ("hopper", "bf16")])
+def test_rows_beyond_the_table_widen_the_output_as_its_columns_would(arch, fmt):
+  """M beyond 4,096 is folded into N (M x N kept, the table being symmetric in them) before anything is
+  clamped: a grouped GEMM of 131,072 rows and 768 columns (Qwen3-30B-A3B's experts at micro-batch 4) fills
+  the GPU as a 4,096 x 4,096 output does, not as a 4,096 x 768 one."""
+  t = lambda m, n, k: gemm.table_tflops(arch, fmt, m, n, k)  # noqa: E731
+  assert t(8192, 512, 2048) == pytest.approx(t(4096, 1024, 2048))
+  assert t(512, 8192, 2048) == pytest.approx(t(1024, 4096, 2048))
+  assert t(131072, 768, 2048) == pytest.approx(t(4096, 4096, 2048)) == pytest.approx(t(768, 131072, 2048))
+  assert t(131072, 768, 2048) > 1.15 * t(4096, 768, 2048)  # what the clamp alone gave
+  assert gemm.fold(2048, 512, 4096) == (2048, 512)  # inside the table: untouched
+
+
+def test_megatron_bridge_expert_exchange_runs_at_hybrideps_measured_throughput():
+  """On NVLink 5 the exchange of a PyTorch framework is paced by HybridEP's kernels (533 GB/s of rows per
+  GPU at EP 8), not by NVLink's 900 GB/s; on H100's NVLink 4 NVLink is the slower of the two. Run beside
+  the compute (moe_a2a_overlap), it takes HybridEP's 16 SMs from it."""
+  from maxtext_moe.steptime.external import _ep_kernel_slowdown
+
+  nvlink_rows = 900 * constant("nvlink_efficiency") * 8 / 7  # GB/s of rows at NVLink's rate, EP 8 in a domain
+  assert _ep_kernel_slowdown(GPUS["b300"], 8, 1) == pytest.approx(nvlink_rows / 533.5)
+  assert _ep_kernel_slowdown(GPUS["gb300"], 32, 1) == pytest.approx(
+    900 * constant("nvlink_efficiency") * 32 / 31 / 533.5
+  )
+  assert _ep_kernel_slowdown(GPUS["h100"], 8, 1) == 1.0 and _ep_kernel_slowdown(GPUS["b200"], 4, 4) == 1.0
+  assert constant("ep_kernel_sms") == 16
+
+
+def test_b300_is_blackwell_ultra_at_b200s_dense_peaks():
+  """HGX B300 (NVIDIA's HGX page): B200's bf16 and FP8 peaks per GPU, 1.5x its dense NVFP4, 288 GB, NVLink
+  5 in a board of 8, an 800 Gb/s NIC per GPU; B200's measured GEMM efficiencies (the table's sm_100)."""
+  b300, b200 = GPUS["b300"], GPUS["b200"]
+  assert {f: b300.peak_tflops[f] for f in ("bf16", "fp8", "mxfp8")} == {
+    f: b200.peak_tflops[f] for f in ("bf16", "fp8", "mxfp8")
+  }
+  assert b300.peak_tflops["nvfp4"] == 1.5 * b200.peak_tflops["nvfp4"] == 13500
+  assert 268 < b300.hbm_gib < 288 and b300.compute_capability == (10, 3) and gemm.arch(b300) == "blackwell"
+  assert (b300.gpus_per_node, b300.nvlink_domain, b300.nvlink_gbs, b300.network_gbs) == (8, 8, 900, 100)
 
 
 def test_a_class_efficiency_is_the_flop_weighted_harmonic_mean():
@@ -121,11 +161,11 @@ def test_imbalance_stretches_the_expert_gemms_and_the_exchange():
   assert skewed.step_s - even.step_s == pytest.approx(0.5 * (grouped + dict(even.exposed)["ep"]))
 
 
-def test_the_ten_published_points_and_their_order():
+def test_the_sixteen_published_points_and_their_order():
   from maxtext_moe.steptime.points import POINTS, published
 
   rows = published()
-  assert len(rows) == len(POINTS) == 10
+  assert len(rows) == len(POINTS) == 16
   by = {r["point"].split()[0]: r for r in rows}
   for r in rows:
     assert r["ratio"] == pytest.approx(r["predicted"] / r["published"], rel=1e-2) and r["source"]
@@ -133,6 +173,19 @@ def test_the_ten_published_points_and_their_order():
   # the published pairs' order: Megatron-Bridge's GB300 above the GB200 and B200 runs, B200 above H100
   assert by["4"]["predicted"] > max(by["3"]["predicted"], by["5"]["predicted"])
   assert by["6"]["predicted"] > by["7"]["predicted"]
+  # B300 above B200 at the same model (its micro-batch 8 to 4); 26.06's features above 26.04.01's on the same
+  # B300s; GB300 above B300; the 235B model's GB300 run (26.08) above its B300 one; H100 the slowest
+  assert by["11"]["predicted"] > by["6"]["predicted"] and by["12"]["predicted"] > by["11"]["predicted"]
+  assert by["13"]["predicted"] > by["12"]["predicted"] and by["15"]["predicted"] > by["14"]["predicted"]
+  assert by["16"]["predicted"] < by["6"]["predicted"] / 2
+  # the 26.06 features are in the parts: the exchange beside the GEMMs but for HybridEP's SMs, the fused
+  # MLP's activation and quantization gone from the memory-bound bytes, FP8 attention
+  parts_11, parts_12 = by["11"]["parts_s"], by["12"]["parts_s"]
+  beside = next(k for k in parts_12 if k.startswith("expert exchange beside GEMMs"))
+  exchange = next(k for k in parts_11 if k.startswith("exposed: expert dispatch/combine"))
+  assert parts_12[beside] == pytest.approx(parts_11[exchange] * (1 - 16 / GPUS["b300"].sm_count), rel=1e-3)
+  assert parts_12["memory-bound ops"] < 0.9 * parts_11["memory-bound ops"]
+  assert "attention forward (fp8)" in parts_12 and "attention forward (bf16)" in parts_11
   # every point outside the target carries its reason in its row (bench timemodel --json), one sentence,
   # written out in docs/step-time.md; a point inside carries none
   from pathlib import Path

@@ -1,7 +1,8 @@
-"""`maxtext-moe bench timemodel`: the step-time model against ten published MoE training runs from 8 to 1,024
-GPUs (`steptime/points.py`: NVIDIA's MaxText + TE DeepSeek-V3 run and its scaling, Megatron-Core,
-Megatron-Bridge, Megatron-LM and NeMo Automodel runs of DeepSeek-V3 and Qwen3-MoE, each modelled on its
-own layout by `steptime/external.py`), then used to find the fastest layout of our block on GB300.
+"""`maxtext-moe bench timemodel`: the step-time model against sixteen published MoE training runs from 8 to
+1,024 GPUs on H100, B200, B300, GB200 and GB300 (`steptime/points.py`: NVIDIA's MaxText + TE DeepSeek-V3
+run and its scaling, Megatron-Core, Megatron-Bridge, Megatron-LM and NeMo Automodel runs of DeepSeek-V3
+and Qwen3-MoE, each modelled on its own layout by `steptime/external.py`), then used to find the fastest
+layout of our block on GB300.
 
 Every ratio is predicted / published; the target is 0.80-1.25, and a point outside carries its reason
 (the JSON's "reason", printed under the table; in full in docs/step-time.md). No constant of the model is

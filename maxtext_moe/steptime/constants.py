@@ -75,6 +75,18 @@ CONSTANTS: dict[str, Constant] = {
     "900 GB/s per direction",
   ),
   "network_efficiency": Constant(1.0, "the NIC's line rate (data sheet; an upper bound: no measurement used)"),
+  "ep_kernel_gbs": Constant(
+    (536 + 531) / 2,
+    "HybridEP's measured algorithm bandwidth per GPU on B200, EP 8 in one NVLink domain, 16 SMs, through its "
+    "Torch API: BF16 dispatch 536 GB/s, combine 531 (deepseek-ai/DeepEP docs/README_Hybrid-EP.md, 17cfb81; "
+    "DeepEP itself: 494 and 420 at 24 SMs): what a PyTorch framework's expert exchange reaches on NVLink 5, "
+    "short of NVLink's 900 GB/s",
+  ),
+  "ep_kernel_sms": Constant(
+    16,
+    "the SMs HybridEP's kernels hold in that measurement (the same README): an exchange run beside the "
+    "compute (Megatron's moe_a2a_overlap) takes them from it",
+  ),
   "host_sync_s": Constant(
     20e-6, "one kernel launch after the host waited for the stream (CUDA launch latency, order 5-20 us)"
   ),

@@ -100,11 +100,19 @@ def recompute_tflops(cfg: Any, tokens: int, layers: int, moe_layers: int) -> tup
 
 
 QUANT_BYTES = {"fp8": 5, "mxfp8": 4, "bf16": 0}  # per element quantized: amax read + read + write; MX: read + 2 writes
+# A GEMM epilogue that writes the next GEMM's input: bytes per element (bf16; FP8 one copy; MXFP8 row- and
+# column-wise copies for the forward and the weight gradient).
+EPILOGUE_BYTES = {"fp8": 1, "mxfp8": 2}
 
 
-def memory_bytes_per_token(cfg: Any, rows_per_token: float, fmts: dict[str, str]) -> tuple[float, float]:
+def memory_bytes_per_token(
+  cfg: Any, rows_per_token: float, fmts: dict[str, str], fused_mlp: bool = False
+) -> tuple[float, float]:
   """(MoE layer, dense layer) forward bytes per token read and written by memory-bound ops (the module
-  docstring), plus the quantization of every FP8/MXFP8 GEMM's input (`QUANT_BYTES` per element)."""
+  docstring), plus the quantization of every FP8/MXFP8 GEMM's input (`QUANT_BYTES` per element). With
+  `fused_mlp` (Transformer Engine's fused grouped MLP) the routed experts' gated activation and the
+  quantization of their down projection's input run in the first GEMM's epilogue, which writes only that
+  input (`EPILOGUE_BYTES`)."""
   emb, heads = int(cfg.emb_dim), int(cfg.num_query_heads)
   act_b = dtype_bytes(cfg.dtype)
   if str(cfg.attention_type) == "mla":
@@ -115,8 +123,13 @@ def memory_bytes_per_token(cfg: Any, rows_per_token: float, fmts: dict[str, str]
     gemm_inputs = emb + heads * v
   common = 4 * emb + 6 * emb + 2 * heads * (2 * qk + v)
   k, ffn, shared = int(cfg.num_experts_per_tok), int(cfg.moe_mlp_dim), int(cfg.shared_experts or 0)
-  moe = common + 2 * int(cfg.num_experts) + 4 * rows_per_token * emb + 3 * k * ffn + 3 * shared * ffn
+  moe = common + 2 * int(cfg.num_experts) + 4 * rows_per_token * emb + 3 * shared * ffn
   dense_q, grouped_q = QUANT_BYTES[fmts.get("dense", "bf16")], QUANT_BYTES[fmts.get("grouped", "bf16")]
-  moe_quant = dense_q * (gemm_inputs + shared * (emb + ffn)) + grouped_q * k * (emb + ffn)
+  moe_quant = dense_q * (gemm_inputs + shared * (emb + ffn)) + grouped_q * k * emb
+  if fused_mlp:
+    moe_quant += EPILOGUE_BYTES.get(fmts.get("grouped", "bf16"), act_b) * k * ffn
+  else:
+    moe += 3 * k * ffn
+    moe_quant += grouped_q * k * ffn
   dense_quant = dense_q * (gemm_inputs + emb + int(cfg.mlp_dim))
   return moe * act_b + moe_quant, (common + 3 * int(cfg.mlp_dim)) * act_b + dense_quant

@@ -9,13 +9,20 @@ run's tokens per GPU), on the run's own layout:
   (vpp x micro-batches) of the compute; point-to-point sends of each micro-batch's activations;
 - expert parallelism: dispatch and combine per MoE layer and pass, a token sent once per destination rank
   (DeepEP and HybridEP deduplicate as TE's NCCL EP does) and across the network once per destination NVLink
-  domain (their NVLink forwarding), bf16 on the wire;
+  domain (their NVLink forwarding), bf16 on the wire; inside a domain at no more than HybridEP's measured
+  throughput (`ep_kernel_gbs`: its kernels, not NVLink 5, set the pace on Blackwell; H100's NVLink 4 is
+  slower than they are);
 - data parallelism: Megatron's distributed optimizer (gradients reduce-scattered in float32 and parameters
   all-gathered in bf16 once per step, over the data-parallel group; the experts' over the expert-data
   group) or FSDP (NeMo Automodel: the non-expert parameters gathered in the forward and the backward);
 - recompute: Megatron's `mlp` (the dense layers' MLP) and `mla_up_proj` (MLA's up projections);
 - launches: every kernel from the host (PyTorch eager) unless the whole iteration is one CUDA graph; a
   device-to-host sync per MoE layer and micro-batch (the grouped GEMM's sizes) unless it is;
+- Megatron's expert-parallel overlap (`moe_a2a_overlap`, `overlap_moe_expert_parallel_comm`): one
+  micro-batch's dispatch and combine run beside another's compute, hidden up to the GEMMs' time but for
+  the SMs its kernels hold (`ep_kernel_sms` of the GPU's: the model's `exchange_beside` at 1 - that share);
+- Transformer Engine's fused grouped MLP (`NVTE_CUTEDSL_FUSED_GROUPED_MLP`): the experts' gated activation
+  and the quantization of their down projection's input in the first GEMM's epilogue (`counts.py`);
 - routing: a forced balance at 1.0, otherwise unmeasured (1.0, said so).
 What MaxText cannot express is modelled here as a feature, never as a MaxText layout.
 """
@@ -25,6 +32,7 @@ import math
 from typing import Any
 
 from maxtext_moe.steptime import launch
+from maxtext_moe.steptime.constants import constant
 from maxtext_moe.steptime.counts import gemm_shapes, memory_bytes_per_token, projection_shapes
 from maxtext_moe.steptime.imbalance import BALANCED, UNMEASURED
 from maxtext_moe.steptime.model import Pipeline, Transfer, Workload, unique_ranks
@@ -48,6 +56,8 @@ class Layout:
   recompute: tuple[str, ...] = ()  # Megatron's recompute modules: "mlp", "mla_up_proj"
   graphs: bool = False  # the whole iteration one CUDA graph
   balanced: bool = False  # the router forced to a balance
+  a2a_overlap: bool = False  # the expert exchange beside another micro-batch's compute
+  fused_mlp: bool = False  # the experts' activation and quantization in the first GEMM's epilogue
 
   @property
   def dp(self) -> int:
@@ -60,7 +70,12 @@ class Layout:
   def describe(self) -> str:
     parts = [f"TP{self.tp}"] * (self.tp > 1) + [f"PP{self.pp}"] * (self.pp > 1) + [f"VPP{self.vpp}"] * (self.vpp > 1)
     parts += [f"EP{self.ep}"] + ([f"FSDP{self.dp}"] if self.fsdp else [])
-    return "/".join(parts) + f", MBS {self.mbs}, GBS {self.gbs}, {self.formats[0]}"
+    features = [
+      n for n, on in (("graph", self.graphs), ("EP overlap", self.a2a_overlap), ("fused MLP", self.fused_mlp)) if on
+    ]
+    return (
+      "/".join(parts) + f", MBS {self.mbs}, GBS {self.gbs}, {self.formats[0]}" + "".join(f", {f}" for f in features)
+    )
 
 
 def _flops(cfg: Any, lay: Layout, tokens: int, layers: int, dense_layers: int) -> tuple[dict[str, float], float, float]:
@@ -86,6 +101,17 @@ def _params(leaves: list) -> tuple[float, float]:
   return every - expert, expert
 
 
+def _ep_kernel_slowdown(gpu: Any, ep: int, domains: int) -> float:
+  """How much longer the exchange's NVLink side takes than NVLink's rate gives (>= 1): the rows a GPU sends
+  per second inside its domain at NVLink's rate (`model.transfer_seconds`: (g/r - 1)/g of them cross it)
+  over HybridEP's measured `ep_kernel_gbs`."""
+  local = ep / max(domains, 1)
+  if local <= 1:
+    return 1.0
+  nvlink_rows_gbs = gpu.nvlink_gbs * constant("nvlink_efficiency") * local / (local - 1)
+  return max(1.0, nvlink_rows_gbs / constant("ep_kernel_gbs"))
+
+
 def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layers: int, moe_layers: int) -> list:
   emb = int(cfg.emb_dim)
   per_domain = gpu.nvlink_domain
@@ -97,8 +123,9 @@ def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layer
   # DeepEP and HybridEP send a token across the network once per destination NVLink domain and forward it
   # to its ranks there over NVLink (DeepEP's README: NVLink-to-RDMA forwarding).
   remote = tokens * unique_ranks(experts, k, domains) * (domains - 1) / domains * emb * 2 * 4 * moe_layers
-  out = [Transfer(f"expert dispatch/combine x{lay.ep}", "all-to-all", rows * emb * 2 * 4 * moe_layers, lay.ep,
-                  domains, False, 4 * moe_layers * lay.microbatches / lay.pp, network_bytes=remote)]  # fmt: skip
+  wire = rows * emb * 2 * 4 * moe_layers * _ep_kernel_slowdown(gpu, lay.ep, domains)
+  out = [Transfer(f"expert dispatch/combine x{lay.ep}", "all-to-all", wire, lay.ep, domains, False,
+                  4 * moe_layers * lay.microbatches / lay.pp, network_bytes=remote)]  # fmt: skip
   dense_p, expert_p = _params(leaves)
   stage_dense, stage_expert = dense_p / (lay.pp * lay.tp), expert_p / (lay.pp * lay.ep)
   edp = lay.gpus // (lay.pp * lay.ep)
@@ -138,7 +165,7 @@ def external_workload(cfg: Any, leaves: list, lay: Layout, gpu: Any, label: str)
   fmts = dict(zip(("dense", "grouped", "attention"), lay.formats, strict=True))
   k = int(cfg.num_experts_per_tok)
   rows = unique_ranks(int(cfg.num_experts), k, lay.ep)
-  moe_b, dense_b = memory_bytes_per_token(cfg, rows, fmts)
+  moe_b, dense_b = memory_bytes_per_token(cfg, rows, fmts, lay.fused_mlp)
   shapes = gemm_shapes(cfg, lay.mbs * lay.seq, dense_layers, moe_layers)
   shapes["dense"] = [(m, max(n // lay.tp, 1), kk, s) for m, n, kk, s in shapes["dense"] + shapes.pop("head")]
   micro, per_gpu = lay.microbatches, 1 / lay.pp
@@ -155,6 +182,7 @@ def external_workload(cfg: Any, leaves: list, lay: Layout, gpu: Any, label: str)
     memory_bytes=3 * tokens * (moe_b * moe_layers + dense_b * dense_layers),
     transfers=_transfers(cfg, leaves, lay, gpu, tokens, layers, moe_layers),
     hideable_flops=shared * 1e12,
+    exchange_beside=1.0 - constant("ep_kernel_sms") / gpu.sm_count if lay.a2a_overlap else 0.0,
     host_syncs=0.0 if lay.graphs else moe_layers * micro * per_gpu,
     pipeline=Pipeline(lay.pp, lay.vpp, micro),
     attention_fwd_flops=flops["attention"] / 3,

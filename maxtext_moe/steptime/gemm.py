@@ -3,9 +3,17 @@
 XLA:GPU's cost model carries measured throughput of cuBLAS matmuls on B200 (sm_100) and H100 (sm_90) for
 M, N, K in 256..4,096 (powers of two), bf16 and e4m3 FP8 (`xla_matmul.json`, extracted from the pinned
 jax-cuda12-plugin by scripts/xla_matmul_table.py). A shape's efficiency is the table's throughput there
-(trilinear in log2 M, N, K; clamped to the table's range, so a GEMM larger than 4,096 on a side runs at
-the 4,096 figure, a slight under-estimate) over the table GPU's dense peak, applied to the recipe GPU's
-own peak (GB200 and GB300 at B200's efficiencies).
+(trilinear in log2 M, N, K) over the table GPU's dense peak, applied to the recipe GPU's own peak (B300,
+GB200 and GB300 at B200's efficiencies).
+
+Beyond the table's 4,096: a GEMM is tiles of its M x N output spread over the SMs, and the table is
+symmetric in M and N (B200 FP8 at K 2,048: 980 TFLOP/s at M 4,096 x N 512, 972 at 512 x 4,096; H100 bf16:
+531 and 530), so rows beyond 4,096 fill the GPU as the same output with a wider N would: M is folded into
+N (M x N kept) up to 4,096 x 4,096, and the same for N into M; only then is a side clamped (the 4,096
+figure, a slight under-estimate for K above it and for outputs above 4,096 x 4,096). Until December 2026
+M was clamped alone, which priced a grouped GEMM of 131,072 rows and 768 columns (Qwen3-30B-A3B's experts
+at micro-batch 4) at the throughput of a 4,096 x 768 GEMM, a third of the GPU's SMs busy: 26% of the
+MXFP8 peak on Blackwell where the folded shape gives 41%.
 
 Where the table cannot serve:
 - MXFP8 (block-scaled; the table's FP8 is per-tensor): Megatron-Core's measured MXFP8 grouped GEMM
@@ -31,7 +39,10 @@ TABLE_PATH = Path(__file__).with_name("xla_matmul.json")
 # The table GPUs' dense peaks, TFLOP/s (data sheets): B200 and H100 SXM.
 TABLE_PEAK = {"blackwell": {"bf16": 2250.0, "fp8": 4500.0}, "hopper": {"bf16": 989.0, "fp8": 1979.0}}
 _LARGE = (4096, 4096, 4096)
-_MX_ANCHOR = (4096, 2048, 7168)  # Megatron-Core's MXFP8 grouped GEMM: K 7,168, N 2,048 (large M)
+# Megatron-Core's MXFP8 grouped GEMM, K 7,168 and N 2,048, at its run's rows per GPU: 8 local experts (EP 32)
+# x 4,096 rows each (4,096 tokens x top-8 / 256 experts x 32 ranks), one kernel's worth of tiles as the
+# grouped GEMMs here are looked up (its multi-stream cuBLAS runs the 8 at once).
+_MX_ANCHOR = (32768, 2048, 7168)
 _HOPPER_FP8_ANCHOR = (4096, 7168, 16384)  # DeepGEMM's best dense FP8 shape
 
 
@@ -46,9 +57,21 @@ def _grid(arch_name: str, fmt: str) -> tuple[tuple[int, ...], dict[tuple[int, in
   return tuple(sorted({m for m, _, _ in table})), table
 
 
+def fold(m: float, n: float, top: float) -> tuple[float, float]:
+  """(m, n) with a side beyond `top` folded into the other, m x n kept, up to `top` x `top` (the module
+  docstring)."""
+  if m > top and n < top:
+    return top, min(top, n * m / top)
+  if n > top and m < top:
+    return min(top, m * n / top), top
+  return m, n
+
+
 def table_tflops(arch_name: str, fmt: str, m: float, n: float, k: float) -> float:
-  """The table's TFLOP/s at (m, n, k): trilinear in log2 of each side, clamped to the grid."""
+  """The table's TFLOP/s at (m, n, k): M and N folded (`fold`), then trilinear in log2 of each side,
+  clamped to the grid."""
   sides, table = _grid(arch_name, fmt)
+  m, n = fold(m, n, sides[-1])
   lo, hi = math.log2(sides[0]), math.log2(sides[-1])
   corners = []
   for x in (m, n, k):

@@ -1,7 +1,13 @@
-"""The published training runs `bench timemodel` checks the step-time model against: ten points from 8 to
-1,024 GPUs whose layouts are known, each read in its source (the figures as reported, TFLOP/s per GPU
-unless said otherwise). Points 3-10 are PyTorch frameworks: they check what the hardware allows under a
+"""The published training runs `bench timemodel` checks the step-time model against: sixteen points from 8
+to 1,024 GPUs whose layouts are known, each read in its source (the figures as reported, TFLOP/s per GPU
+unless said otherwise). Points 3-16 are PyTorch frameworks: they check what the hardware allows under a
 known layout (`external.py` models their features), not our stack.
+
+Megatron-Bridge's figures (docs/performance-summary.md and docs/performance-summary-archive.md of
+NVIDIA-NeMo/Megatron-Bridge, one section per NeMo container) come with their layouts; the features each
+row ran with are read in the recipe of that container's commit: scripts/performance/configs/qwen/
+qwen3_workload_base_configs.py for 26.04.01 (commit 21d102f5e) and 26.06 (8f341b04f), src/megatron/
+bridge/perf_recipes/<family>/<gpu>/ for 26.08 (4ab94dfad).
 
 No constant of the model was fitted to these; a point outside 0.80-1.25 carries its reason, the cost the
 model cannot see, in one sentence (`Point.reason`, written out in docs/step-time.md, "Outside the target").
@@ -32,6 +38,12 @@ class Point:
 _DSV3 = "gb200-nvl72/deepseek3-671b"
 _NO_MTP = ("override_model_config=true", "mtp_num_layers=0")
 _QWEN = "h100x8/qwen3-30b-a3b"
+_QWEN_235B = ("model_name=qwen3-235b-a22b",)
+_MX = ("mxfp8", "mxfp8", "bf16")
+# Megatron-Bridge's MXFP8 recipes from 26.06 on (`_enable_hybridep_full_iteration_mxfp8`): the whole
+# iteration one CUDA graph, the expert exchange beside another micro-batch's compute, TE's fused grouped
+# MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1) and FP8 attention.
+_FULL = {"formats": ("mxfp8", "mxfp8", "fp8"), "graphs": True, "a2a_overlap": True, "fused_mlp": True}
 POINTS = (
   Point("1 DeepSeek-V3, 128 GB300, MaxText + TE", 1068.0,
         "NVIDIA/JAX-Toolbox docs/frameworks/maxtext/deepseek-v3-moe/README.md: FSDP 16 x EP 8, FP8 dense + MXFP8 "
@@ -41,15 +53,13 @@ POINTS = (
   Point("3 DeepSeek-V3, 256 GB200, Megatron-Core", 970.0,
         "NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization: TP1 PP8 VPP4 EP32, MXFP8, MBS 1, "
         "GBS 2,048, recompute of the dense MLP, HybridEP, no MTP", _DSV3, _NO_MTP,
-        Layout(256, "gb200", pp=8, vpp=4, ep=32, gbs=2048, formats=("mxfp8", "mxfp8", "bf16"), recompute=("mlp",)),
-        reason="host overhead: Megatron-Core's routed experts are host-bound (a device-to-host sync per MoE layer "
-        "costs 10% or more, by its own guide) and HybridEP's kernels take SMs from the GEMMs; the model prices "
-        "only the GPU's side of launches"),
+        Layout(256, "gb200", pp=8, vpp=4, ep=32, gbs=2048, formats=("mxfp8", "mxfp8", "bf16"), recompute=("mlp",))),
   Point("4 DeepSeek-V3, 256 GB300, Megatron-Bridge 26.08", 1635.0,
         "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (26.08): TP1 PP2 VPP8 EP32, MXFP8, MBS 1, GBS "
-        "4,096, no recompute, full-iteration CUDA graph, HybridEP, FP8 attention, MTP, force-balanced", _DSV3,
-        (), Layout(256, "gb300", pp=2, vpp=8, ep=32, gbs=4096, formats=("mxfp8", "mxfp8", "fp8"),
-                                      graphs=True, balanced=True)),
+        "4,096, no recompute, full-iteration CUDA graph, HybridEP, FP8 attention, MTP, force-balanced; "
+        "perf_recipes/deepseek/gb300/deepseek_v3.py (4ab94dfad): overlap_moe_expert_parallel_comm and the "
+        "fused grouped MLP too", _DSV3, (),
+        Layout(256, "gb300", pp=2, vpp=8, ep=32, gbs=4096, balanced=True, **_FULL)),
   Point("5 DeepSeek-V3, 256 B200, Megatron-Bridge 26.04.01", 864.0,
         "Megatron-Bridge docs/performance-summary.md (26.04.01): TP1 PP8 VPP2 EP32, MXFP8, GBS 4,096, recompute "
         "mla_up_proj + mlp, DeepEP, force-balanced", _DSV3, (),
@@ -68,17 +78,55 @@ POINTS = (
   Point("8 Qwen3-30B-A3B, 32 H100, Megatron-LM", 234.0,
         "NVIDIA/Megatron-LM examples/moe_recipes/README.md: EP 8 inside a node, bf16, seq 4,096, GBS 256 (MBS 1 "
         "assumed: not given)", _QWEN, (), Layout(32, "h100", ep=8, gbs=256),
-        reason="point 7's model at micro-batch 1 (assumed; not published): the shortest kernels of the ten, so "
+        reason="point 7's model at micro-batch 1 (assumed; not published): the shortest kernels of the H100 runs, so "
         "the host's per-kernel cost weighs most (point 6, the same model at micro-batch 4, is inside)"),
   Point("9 Qwen3-235B-A22B, 256 H100, Megatron-Bridge 26.04.01", 253.0,
-        "Megatron-Bridge docs/performance-summary.md (26.04.01): TP2 PP8 VPP4 EP32, FP8, GBS 8,192", _QWEN,
-        ("model_name=qwen3-235b-a22b",),
-        Layout(256, "h100", tp=2, pp=8, vpp=4, ep=32, gbs=8192, formats=("fp8", "fp8", "bf16"))),
+        "Megatron-Bridge docs/performance-summary.md (26.04.01): TP2 PP8 VPP4 EP32, FP8, GBS 8,192; "
+        "QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 (21d102f5e): moe_a2a_overlap, no CUDA graph", _QWEN,
+        _QWEN_235B,
+        Layout(256, "h100", tp=2, pp=8, vpp=4, ep=32, gbs=8192, formats=("fp8", "fp8", "bf16"), a2a_overlap=True),
+        reason="the model credits moe_a2a_overlap with hiding the exchange beside the GEMMs, but it splits every "
+        "layer into stages the host schedules, and this recipe runs without a CUDA graph: Megatron's GB200 guide "
+        "measured that overlap's benefit negative while the host was the bottleneck"),
   Point("10 DeepSeek-V3, 256 H100, NeMo Automodel", 250.0,
         "NeMo Automodel docs/performance-summary.md: PP4 VPP8 EP64 FSDP64, bf16, GBS 512", _DSV3,
         _NO_MTP, Layout(256, "h100", pp=4, vpp=8, ep=64, fsdp=True, gbs=512),
         reason="DeepEP's kernels run on SMs the GEMMs then lack (24 of the H100's 132 in DeepEP's README) and "
         "NeMo Automodel runs FSDP2 eagerly; the model sees neither"),
+  Point("11 Qwen3-30B-A3B, 8 B300, Megatron-Bridge 26.04.01", 704.0,
+        "Megatron-Bridge docs/performance-summary-archive.md (26.04.01): EP 8, MXFP8, seq 4,096, MBS 8, GBS 512; "
+        "QWEN3_30B_A3B_PRETRAIN_CONFIG_B300_FP8_MX_V1 (21d102f5e): HybridEP, CUDA graphs of the router and "
+        "its preprocessing only, no recompute, force-balanced", _QWEN, (),
+        Layout(8, "b300", ep=8, mbs=8, gbs=512, formats=_MX, balanced=True)),
+  Point("12 Qwen3-30B-A3B, 8 B300, Megatron-Bridge 26.06", 938.0,
+        "Megatron-Bridge docs/performance-summary-archive.md (26.06): EP 8, MXFP8, seq 4,096, MBS 8, GBS 512; "
+        "QWEN3_30B_A3B_PRETRAIN_CONFIG_B300_FP8_MX_V1 (8f341b04f): point 11 with a full-iteration CUDA graph, "
+        "moe_a2a_overlap, the fused grouped MLP and FP8 attention", _QWEN, (),
+        Layout(8, "b300", ep=8, mbs=8, gbs=512, balanced=True, **_FULL),
+        reason="the full-iteration CUDA graph needs static buffers: the experts' activations for the backward go "
+        "through paged stash buffers (moe_paged_stash) and HybridEP dispatches into buffers of 1.5x the mean "
+        "rows, copies the model does not count (point 13, the same recipe on GB300, is inside at 1.22)"),
+  Point("13 Qwen3-30B-A3B, 8 GB300, Megatron-Bridge 26.08", 1029.0,
+        "Megatron-Bridge docs/performance-summary.md (26.08): EP 8, MXFP8, seq 4,096, MBS 8, GBS 512; "
+        "perf_recipes/qwen/gb300/qwen3_moe.py (4ab94dfad): as point 12", _QWEN, (),
+        Layout(8, "gb300", ep=8, mbs=8, gbs=512, balanced=True, **_FULL)),
+  Point("14 Qwen3-235B-A22B, 256 B300, Megatron-Bridge 26.04.01", 878.0,
+        "Megatron-Bridge docs/performance-summary-archive.md (26.04.01): PP8 EP8, MXFP8, MBS 2, GBS 8,192; "
+        "QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_MX_V2 (21d102f5e): HybridEP, no CUDA graph, no "
+        "moe_a2a_overlap, no recompute, force-balanced", _QWEN, _QWEN_235B,
+        Layout(256, "b300", pp=8, ep=8, mbs=2, gbs=8192, formats=_MX, balanced=True)),
+  Point("15 Qwen3-235B-A22B, 256 GB300, Megatron-Bridge 26.08", 1306.0,
+        "Megatron-Bridge docs/performance-summary.md (26.08): PP4 VPP12 EP32, MXFP8, MBS 2, GBS 8,192; "
+        "perf_recipes/qwen/gb300/qwen3_moe.py (4ab94dfad): the 26.06 features of point 12", _QWEN, _QWEN_235B,
+        Layout(256, "gb300", pp=4, vpp=12, ep=32, mbs=2, gbs=8192, balanced=True, **_FULL)),
+  Point("16 Qwen3-30B-A3B, 16 H100, Megatron-Bridge 26.04.01", 206.0,
+        "Megatron-Bridge docs/performance-summary-archive.md (26.04.01): EP 16, FP8 current scaling, seq "
+        "4,096, MBS 1, GBS 1,024; QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (21d102f5e): HybridEP, no CUDA "
+        "graph, no moe_a2a_overlap, force-balanced", _QWEN, (),
+        Layout(16, "h100", ep=16, gbs=1024, formats=("fp8", "fp8", "bf16"), balanced=True),
+        reason="host overhead at its worst: no CUDA graph, a device-to-host sync per MoE layer and micro-batch, "
+        "and 4,096-token micro-batches of a 3B-active model, so the host's per-kernel cost (CPU overhead halved "
+        "Megatron's first GB200 DeepSeek-V3 run, by its guide) sets the pace, not the GPU"),
 )  # fmt: skip
 
 
