@@ -52,7 +52,7 @@ def _profiles() -> dict[str, Any]:
 
 
 def profile(name: str) -> FlagSet:
-  """The flags of profile `name` (h100, h200, b200, gb200, gb300, cpu)."""
+  """The flags of profile `name` (h100, h200, b200, b300, gb200, gb300, cpu)."""
   data = _profiles()
   if name not in data["profiles"]:
     raise UserError(f"unknown flag profile '{name}'; known: {', '.join(data['profiles'])}")
