@@ -104,7 +104,8 @@ def default_of(model: str, gpu: str, nodes: int, overrides: list[str]) -> tuple[
     raise UserError(f"unknown GPU '{gpu}'; the planner knows {', '.join(hardware.GPUS)}")
   shipped = [r for r in list_recipes() if r.rsplit("/", 1)[-1] == model and _recipe_gpu(r) == gpu]
   if shipped:
-    return Base(recipe_path(shipped[0]), [*overrides, f"nodes={nodes}"], {}, shipped[0]), f"the recipe {shipped[0]}"
+    words = f"the recipe {shipped[0]}" + ", your overrides on top" * bool(overrides)
+    return Base(recipe_path(shipped[0]), [*overrides, f"nodes={nodes}"], {}, shipped[0]), words
   base = base_of(model, gpu, nodes, overrides)
   if base.keys.get("model_name") is None or "ici_expert_parallelism" in base.keys:  # a recipe: its own layout
     return base, f"the recipe {model} on {gpu}"
