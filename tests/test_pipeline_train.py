@@ -26,12 +26,13 @@ RUN = ["dataset_type=synthetic", "max_target_length=32", "progress=silent"]
 MODEL = ["override_model_config=true", "base_num_decoder_layers=5"]
 # Qwen3-MoE and Mixtral by the model files converted checkpoints use, shrunk: 4 layers of 16 experts, top-4.
 SMALL = ["override_model_config=true", "base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2"]
-SMALL += ["head_dim=16", "base_mlp_dim=96", "base_moe_mlp_dim=32", "base_num_decoder_layers=4"]
+SMALL += ["head_dim=16", "base_moe_mlp_dim=32", "base_num_decoder_layers=4"]
 SMALL += ["num_experts=16", "num_experts_per_tok=4", "vocab_size=32000"]
 MODELS = {  # model: (overrides, the pipeline's stack)
   "deepseek": (MODEL, stage_load.DEEPSEEK),
-  "qwen3": (["model_name=qwen3-moe-from-hf", *SMALL], stage_load.GENERIC),
-  "mixtral": (["model_name=mixtral-from-hf", *SMALL], stage_load.GENERIC),
+  "qwen3": (["model_name=qwen3-moe-from-hf", *SMALL, "base_mlp_dim=96"], stage_load.GENERIC),
+  # MaxText: a Mixtral decoder's base_mlp_dim is its experts' (every layer is MoE)
+  "mixtral": (["model_name=mixtral-from-hf", *SMALL, "base_mlp_dim=32"], stage_load.GENERIC),
 }
 STAGES = {  # case: (overrides, devices, per-device batch)
   "2_stages_2_outside": (["ici_pipeline_parallelism=2", "pipeline_parallel_layers=2"], 4, 2),

@@ -157,7 +157,7 @@ def test_candidates_span_stages_and_microbatches():
   assert not [c for c in candidates.layouts(hardware.GPUS["h100"], 32, 256) if c.stages > 1]
   lay = next(c for c in found if c.stages == 4)
   assert {"dcn_pipeline_parallelism=4", "pipeline_parallel_layers=56"} <= set(lay.overrides())
-  # one repeat: a stage runs its 14 layers per visit (our checks refuse a circular pipeline with MoE layers)
+  # one repeat: a stage runs its 14 layers per visit (the search spans no circular pipeline)
   assert "num_layers_per_pipeline_stage=14" in lay.overrides() and lay.bubble == pytest.approx(3 / (4 + 3))
   # a microbatch keeps a whole sequence per batch shard: 4 sequences per shard take 4 microbatches only
   assert candidates.microbatch_counts(4, 4) == [4] and candidates.microbatch_counts(4, 16) == [4, 8, 16]

@@ -35,9 +35,12 @@ Read in MaxText's code (the pinned version):
   one layer's weights per iteration and layer of its stage (the gradient's reduce-scatter likewise).
   `pipeline_fsdp_ag_once` and `pipeline_fsdp_ag_per_repeat` are not modelled (counted as the default).
 
-With MoE layers our checks refuse a circular pipeline (repeats > 1, `config/checks.py`): a stage then runs
-all its layers (num_layers_per_pipeline_stage of them, `NNXSequentialPipelineStage`) in each iteration,
-one remat region.
+Each iteration a stage runs num_layers_per_pipeline_stage layers (`NNXSequentialPipelineStage`), one remat
+region with each layer checkpointed from its input (`upstream/stage_remat.py`); in a circular pipeline
+(repeats > 1, which runs MoE layers too: `upstream/stage_records.py`) it visits each of its repeats'
+layers once per microbatch, so a device stores repeats x layers per stage and the loop runs repeats x
+microbatches real iterations. Qwen3-MoE and Mixtral decoders pipeline their `layers` stack (every layer);
+those left out run after the pipeline, DeepSeek's before it.
 
 Not measured against a compiled program yet: how many copies of the loop's buffers XLA keeps at the peak
 (one of each is counted: the backward's cotangents of the loop state), and whether the backward of an

@@ -9,7 +9,8 @@ per-layer weight the forward pass only reads (the train step adds the step's upd
 count it with the static params: the pipeline then hands each stage its slice as it does the kernels.
 
 The pipeline runs `microbatches x repeats + delay x (stages - 1)` iterations, each a vmap over the stages
-(`spmd_axis_name="stage"`), and stacks what the layers record per iteration: [T, S, ...]. Stage s at
+(`spmd_axis_name="stage"`), and stacks what the layers record per iteration: [T, S, ...] (with repeats,
+through `stage_records`, which keeps those records out of MaxText's write-back by repeat). Stage s at
 iteration t works on item t - delay*s of its stream (microbatch (t - delay*s) mod M of repeat
 (t - delay*s) div M) when 0 <= t - delay*s < M*R; otherwise it runs on the bubble's filler, whose loads
 must not count. `fold` sums (or takes the largest of) the real iterations per (repeat, stage): the
@@ -112,8 +113,9 @@ def _names(path: tuple[Any, ...]) -> list[str]:
 
 
 def _layer_key(path: tuple[Any, ...]) -> tuple[int, tuple[int, ...]]:
-  """Order of a decoder path's layers: those outside the pipeline (they run first), then the pipeline's;
-  numbered names by number."""
+  """Order of a decoder path's layers: those outside the pipeline (a DeepSeek decoder runs them first),
+  then the pipeline's; numbered names by number. The biases (`BiasView`) and their update (`_bias_signal`)
+  are put in this one order, which is all the update needs."""
   names = _names(path)
   return (int(MODULE in names), tuple(int(n) for name in names for n in re.findall(r"\d+", name)))
 

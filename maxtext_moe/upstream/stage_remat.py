@@ -4,9 +4,10 @@ MaxText's pipeline wraps one iteration (a stage running its `num_layers_per_pipe
 microbatch) in `jax.checkpoint` with its pipeline policy, and runs the stage's layers inside it without a
 checkpoint of their own (`NNXSequentialPipelineStage`, `NNXScannedPipelineStage`). In the backward of an
 iteration its forward is recomputed whole, and every layer of the stage keeps all it computed for its own
-backward at once: with MoE layers we refuse a circular pipeline, so a stage runs all its layers per visit,
-and DeepSeek-V3 671B's 2 stages of 29 layers needed 1,974 GiB per H100 (XLA:GPU's buffer assignment: each
-of the 29 layers' attention scores, dispatch rows and expert activations live together).
+backward at once: a stage of one repeat runs all its layers per visit (a circular pipeline runs
+num_layers_per_pipeline_stage of them), and DeepSeek-V3 671B's 2 stages of 29 layers needed 1,974 GiB per
+H100 (XLA:GPU's buffer assignment: each of the 29 layers' attention scores, dispatch rows and expert
+activations live together).
 
 Here each layer of a stage of more than one is its own `jax.checkpoint` with the layer's remat policy
 (MaxText's `NNXDecoder.get_remat_policy`, as its scanned decoder applies it per layer), and its input is
