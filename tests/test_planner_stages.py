@@ -185,6 +185,26 @@ def test_the_tiny_models_plan_with_stages_against_the_same_split_without():
   assert int(staged_cfg.num_pipeline_repeats) == 1 and staged.peak_layer
 
 
+def test_a_qwen3_moe_model_plans_its_layers_stack_over_the_stages():
+  """A 4-layer Qwen3-MoE on 8 devices, FSDP 4 with 2 stages x 2 repeats (every layer pipelined: its `layers`
+  stack, no layer before the pipeline) against FSDP 4 x data 2: a device stores half the stack, and the
+  loop runs 2 x 2 + 1 iterations."""
+  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
+
+  model = ["model_name=qwen3-moe-from-hf", "override_model_config=true", "base_num_decoder_layers=4"]
+  model += ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=96"]
+  model += ["base_moe_mlp_dim=32", "num_experts=16", "num_experts_per_tok=4", "vocab_size=32000"]
+  ctx, _ = _context("cpu/deepseek3-tiny", model, None, None)
+  staged_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_pipeline_parallelism=2"])
+  flat_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_data_parallelism=2"])
+  (staged, _), (flat, _) = _estimate(ctx, staged_cfg, []), _estimate(ctx, flat_cfg, [])
+  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in flat_cfg.logical_axis_rules]
+  sizes = {"fsdp": 4, "data": 2}
+  stack = sum(shard_elements(s, n, rules, sizes) for p, s, n in ctx.leaves if p[0] == "params" and "layers" in n)
+  assert stack > 0 and flat.params - staged.params == 4 * stack // 2
+  assert int(staged_cfg.num_pipeline_repeats) == 2 and (staged.stages, staged.iterations) == (2, 5)
+
+
 @pytest.mark.ci
 def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one(monkeypatch, tmp_path):
   """The candidates cut to EP 4 x FSDP 2 with FSDP across the domains left, full remat, with and without
