@@ -2,6 +2,7 @@
 pipeline loop's activations worked by hand, MaxText's bubble, the stage sends and per-iteration gathers,
 the candidates, and a pipelined layout found, timed and written for DeepSeek-V3 671B on 32 H100 nodes."""
 
+import dataclasses
 import types
 
 import pytest
@@ -142,11 +143,13 @@ def test_stage_sends_and_per_iteration_gathers():
 
 def test_candidates_span_stages_and_microbatches():
   """671B on 32 H100 nodes (32 domains of 8): 2 stages take all 58 MoE layers, 4 and 8 take 56 (2 run before
-  the pipeline); the domains left over go data, FSDP or FSDP 2 x data; a model without MoE layers to
-  pipeline gets none."""
+  the pipeline), in one repeat (the search times the others once a layout fits: `fitting._schedules`); the
+  domains left over go data, FSDP or FSDP 2 x data; a model without MoE layers to pipeline gets none."""
   found = candidates.layouts(hardware.GPUS["h100"], 32, 256, moe_layers=58)
-  staged = {(c.stages, c.pipelined, c.microbatches) for c in found if c.stages > 1}
-  assert staged == {(2, 58, 2), (4, 56, 4), (8, 56, 8)}
+  staged = {(c.stages, c.repeats, c.pipelined, c.microbatches) for c in found if c.stages > 1}
+  assert staged == {(2, 1, 58, 2), (4, 1, 56, 4), (8, 1, 56, 8)}
+  circular = dataclasses.replace(next(c for c in found if c.stages == 8), repeats=4, pipelined=32, microbatches=8)
+  assert "num_layers_per_pipeline_stage=1" in circular.overrides() and circular.bubble == pytest.approx(7 / (32 + 7))
   assert {(c.dcn_fsdp, c.dcn_data) for c in found if c.stages == 8 and c.dcn_ep == 1} == {(1, 4), (4, 1), (2, 2)}
   assert {(c.dcn_ep, c.dcn_fsdp, c.dcn_data) for c in found if c.stages == 8 and c.dcn_ep > 1} == {
     (2, 1, 2),
@@ -157,7 +160,7 @@ def test_candidates_span_stages_and_microbatches():
   assert not [c for c in candidates.layouts(hardware.GPUS["h100"], 32, 256) if c.stages > 1]
   lay = next(c for c in found if c.stages == 4)
   assert {"dcn_pipeline_parallelism=4", "pipeline_parallel_layers=56"} <= set(lay.overrides())
-  # one repeat: a stage runs its 14 layers per visit (the search spans no circular pipeline)
+  # one repeat: a stage runs its 14 layers per visit
   assert "num_layers_per_pipeline_stage=14" in lay.overrides() and lay.bubble == pytest.approx(3 / (4 + 3))
   # a microbatch keeps a whole sequence per batch shard: 4 sequences per shard take 4 microbatches only
   assert candidates.microbatch_counts(4, 4) == [4] and candidates.microbatch_counts(4, 16) == [4, 8, 16]
@@ -250,3 +253,24 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   timed = for_recipe(str(recipe), [])
   assert timed.tokens_per_s_per_gpu == pytest.approx(staged.prediction.tokens_per_s_per_gpu, rel=1e-3)
   assert "pipeline bubble" in dict(timed.exposed) and any("stage sends" in k for k in timed.parts)
+
+
+def test_a_qwen3_decoder_with_layers_left_after_the_pipeline_is_planned_and_its_schedules_searched():
+  """Qwen3-235B-A22B's 94 layers on 8 stages (88 pipelined, 6 after the pipeline; the stack traced without
+  stages is not what `stage` splits) plans; the search times the layout in 1, 2 and 4 repeats, each
+  pipelining the largest multiple of stages x repeats, at every microbatch count that keeps whole
+  sequences."""
+  from maxtext_moe.planner.memory_plan import _context, memory_plan, resolved
+  from maxtext_moe.steptime import fitting
+
+  staged = ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1", "dcn_fsdp_parallelism=1", "dcn_data_parallelism=1"]
+  staged += ["dcn_pipeline_parallelism=8", "pipeline_parallel_layers=88", "num_layers_per_pipeline_stage=11"]
+  staged += ["num_pipeline_microbatches=8", "per_device_batch_size=1"]
+  plan = memory_plan("h100x8/qwen3-235b-a22b", staged)
+  assert plan.base.stages == 8 and plan.layout == {"stage": 8, "expert": 8}
+  ctx, _ = _context("h100x8/qwen3-235b-a22b", staged, None, None)
+  cand = resolved(ctx.path, ctx.base_overrides)
+  layout = candidates.Layout(8, 1, 1, 1, "full", 1, "none", 8, 88, 8)
+  found = {(s.repeats, s.pipelined, s.per_stage, s.microbatches) for s in fitting._schedules(ctx, layout, cand)}
+  # 8 sequences per shard take 8 microbatches only; one repeat at 8 is the layout already timed
+  assert found == {(2, 80, 5, 8), (4, 64, 2, 8)}

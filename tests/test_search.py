@@ -26,12 +26,13 @@ def test_hgx_candidates_split_each_node_and_go_data_or_fsdp_across():
 
 def test_expert_parallel_candidates_span_nodes_with_whole_routing_groups():
   """EP across nodes: every GPU of a node on the expert axis, over node counts that divide the nodes and,
-  with the node's 8, the experts; with group-limited routing also its groups (whole groups per node)."""
+  with the node's 8, the experts; with group-limited routing also its groups, or that the groups divide
+  (whole groups per node, or each group on whole nodes)."""
   h100 = hardware.GPUS["h100"]
   across = {c.dcn_ep for c in search.layouts(h100, 32, 256) if c.dcn_ep > 1}
   assert across == {2, 4, 8, 16, 32}
   grouped = [c for c in search.layouts(h100, 32, 256, routing_groups=8) if c.dcn_ep > 1 and c.stages == 1]
-  assert {c.dcn_ep for c in grouped} == {2, 4, 8} and {(c.ep, c.fsdp) for c in grouped} == {(8, 1)}
+  assert {c.dcn_ep for c in grouped} == {2, 4, 8, 16, 32} and {(c.ep, c.fsdp) for c in grouped} == {(8, 1)}
   assert {(c.dcn_fsdp, c.dcn_data) for c in grouped if c.dcn_ep == 8} == {(1, 4), (4, 1), (2, 2)}
   assert "dcn_expert_parallelism=8" in next(c for c in grouped if c.dcn_ep == 8).overrides()
   assert {c.dcn_ep for c in search.layouts(h100, 2, 128)} == {1, 2}  # 8 x 2 = 16 divides 128
@@ -137,9 +138,11 @@ def test_search_refusals_through_the_cli(tmp_path):
   r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "a100", "--search"], cwd=REPO)
   assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("maxtext-moe: error: unknown GPU 'a100'")
   r = run_cli(["plan", "h100x8/deepseek3-proxy-16b", "--write", str(tmp_path / "x.yml")], cwd=REPO)
-  assert r.returncode == 2 and "--write and --top belong to --search" in r.stderr
+  assert r.returncode == 2 and "--write, --top and --tensor belong to --search" in r.stderr
   r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "16"], cwd=REPO)
   assert r.returncode == 2 and "--gpus goes with a RECIPE; with --gpu GPU give the node count: --nodes N" in r.stderr
+  r = run_cli(["plan", "qwen3-30b-a3b", "--gpu", "h100", "--check"], cwd=REPO)
+  assert r.returncode == 2 and "--check goes with the RECIPE a launcher runs" in r.stderr
   assert not list(tmp_path.iterdir())
 
 
@@ -162,10 +165,10 @@ def test_plan_a_model_on_a_gpu_without_the_search(capfd):
   assert "your overrides on top" in words
 
 
-def test_tensor_parallel_candidates_split_a_node_three_ways():
+def test_tensor_parallel_candidates_take_the_place_of_fsdp_in_a_node():
   found = [c for c in search.layouts(hardware.GPUS["h100"], 1, 128, tensor=(1, 2, 4)) if c.remat == "full"]
-  assert {(c.ep, c.fsdp, c.tp) for c in found if c.tp > 1} == {(1, 4, 2), (2, 2, 2), (4, 1, 2), (1, 2, 4), (2, 1, 4)}
-  assert all(c.ep * c.fsdp * c.tp == 8 for c in found)
+  assert {(c.ep, c.fsdp, c.tp) for c in found if c.tp > 1} == {(4, 1, 2), (2, 1, 4)}
+  assert all(c.ep * c.fsdp * c.tp == 8 for c in found) and len(found) == 4 + 2
   assert "ici_tensor_parallelism=4" in next(c for c in found if c.tp == 4).overrides()
 
 

@@ -14,8 +14,8 @@ def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
 
   if ns.search:
     return _search(ns, out)
-  if ns.write or ns.top is not None:
-    raise UserError("--write and --top belong to --search: plan MODEL --gpu GPU --nodes N --search")
+  if ns.write or ns.top is not None or ns.tensor:
+    raise UserError("--write, --top and --tensor belong to --search: plan MODEL --gpu GPU --nodes N --search")
   if ns.force:
     raise UserError("--force goes with --write FILE.yml: plan MODEL --gpu GPU --nodes N --search --write FILE.yml")
   recipe, overrides, name, planned = _recipe_of(ns)
@@ -65,6 +65,8 @@ def _recipe_of(ns: argparse.Namespace) -> tuple[str | None, list[str], str, str]
     raise UserError("plan --gpu GPU needs a MODEL: a recipe, a model of configs/models or a model YAML file")
   if ns.gpus is not None:
     raise UserError("--gpus goes with a RECIPE; with --gpu GPU give the node count: --nodes N")
+  if ns.check:
+    raise UserError("--check goes with the RECIPE a launcher runs; plan MODEL --gpu GPU --nodes N prints the plan")
   if ns.nodes is not None and ns.nodes < 1:
     raise UserError(f"--nodes must be >= 1, got {ns.nodes}")
   base, planned = search.default_of(model, ns.gpu, ns.nodes or 1, overrides)
@@ -108,7 +110,7 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   if top < 1:
     raise UserError(f"--top must be >= 1, got {top}")
   base = search.base_of(model, ns.gpu, ns.nodes or 1, overrides)
-  found, tried, ctx = search.search(base)
+  found, tried, ctx = search.search(base, tensor=ns.tensor)
   devices = f"{ctx.num_devices} x {ns.gpu or 'the recipe GPU'}"
   title = f"{model} on {ns.nodes or 1} node(s), {devices}: {len(found)} of {tried} layouts tried fit, fastest first"
   result = {"model": model, "nodes": ns.nodes or 1, "devices": ctx.num_devices, "tried": tried}
@@ -222,8 +224,8 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     "--search",
     action="store_true",
     help="rank the layouts of MODEL (a recipe, a model of configs/models or a model YAML) that fit --nodes "
-    "nodes of --gpu: EP x FSDP x TP per NVLink domain, EP, FSDP, data or pipeline stages across, remat, "
-    "offload and micro-batch, by the step-time model's tokens/s per GPU",
+    "nodes of --gpu: EP x FSDP (x TP with --tensor) per NVLink domain, EP, FSDP, data or pipeline stages across, "
+    "remat, offload and micro-batch, by the step-time model's tokens/s per GPU",
   )
   p.add_argument(
     "--gpu",
@@ -242,6 +244,13 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     "one error line, exit 2 (scripts/slurm/train.sbatch runs it before starting the tasks)",
   )
   p.add_argument("--top", type=int, help="with --search: how many layouts to print (8)")
+  p.add_argument(
+    "--tensor",
+    action="store_true",
+    help="with --search: tensor parallelism 2 and 4 too (EP x TP in place of FSDP in a node). Their times are "
+    "lower bounds: XLA:GPU's programs of our block under TP move far more than the model counts "
+    "(docs/step-time.md); compile one before you run it",
+  )
 
 
 def _gpus() -> list[str]:

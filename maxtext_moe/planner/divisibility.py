@@ -32,7 +32,15 @@ class Indivisible:
 
 
 def rules_of(cfg: Any) -> list:
-  return [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
+  """The logical axis rules the parameter tree traced without stages is checked by. With pipeline stages
+  its `layers` stack (every layer of a Qwen3-MoE or Mixtral decoder, 94 for Qwen3-235B-A22B) is not what
+  the `stage` axis splits: the pipelined layers are restacked per stage (`stages.py`), and whether they
+  divide into the stages is the pipeline's own check (`config/stage_checks.py`)."""
+  staged = bool(getattr(cfg, "using_pipeline_parallelism", False))
+  return [
+    (name, () if staged and name == "layers" else tuple(axes) if isinstance(axes, list) else axes)
+    for name, axes in cfg.logical_axis_rules
+  ]
 
 
 def indivisible(leaves: list, rules: list, sizes: dict[str, int]) -> list[Indivisible]:

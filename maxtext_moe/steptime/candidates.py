@@ -1,20 +1,21 @@
 """The layout search's candidates (`search.py`): per NVLink domain (one HGX node, or up to a rack of NVL72
 trays) and across domains:
-- EP x FSDP x TP inside a domain: every split whose EP divides the experts, tensor parallelism 1, 2 or 4
-  where it divides the attention heads (`tensor`: MaxText splits each activation over it, our block its
-  tokens);
+- EP x FSDP inside a domain: every split whose EP divides the experts; and, asked for (`plan --search
+  --tensor`), EP x TP, tensor parallelism 2 or 4 in place of FSDP where it divides the attention heads
+  (`tensor`: MaxText splits each activation over it, our block its tokens);
 - across domains: data parallel (each domain a replica: what fits one domain fits N), FSDP over all of
   them, FSDP 2 x data parallel the rest, or (over more than 4 domains) FSDP over half of them x data 2;
 - expert parallelism across domains: every GPU of a domain on the expert axis, over 2, 4, ... domains
   (`_ep_across`: dividing the experts, and group-limited routing's groups), the domains left over laid out
   as above;
-- for a DeepSeek decoder, pipeline stages across domains as well (2, 4 or 8 where they divide the domains
-  and the MoE layers allow), the domains left over laid out as above; each pipelines the largest multiple
-  of the stages among the MoE layers (`pipeline_parallel_layers`; the rest run before the pipeline, MaxText's
-  `_init_pipeline_deepseek`), all of a stage's layers in one repeat (`num_layers_per_pipeline_stage`; a
-  circular pipeline runs MoE layers too, `upstream/stage_records.py`, but is not searched), with
-  microbatches the stages x 1, 2, 4 or 8 (MaxText's rule: a multiple of the stages dividing the batch)
-  while a microbatch keeps a whole sequence per batch shard;
+- pipeline stages across domains as well (2, 4 or 8 where they divide the domains and the layers allow),
+  the domains left over laid out as above; each pipelines the largest multiple of the stages among the
+  MoE layers (`pipeline_parallel_layers`; the rest run outside the pipeline: before it in a DeepSeek
+  decoder, MaxText's `_init_pipeline_deepseek`, after it in the others); once a layout fits, it is timed in
+  1, 2 or 4 repeats (a circular pipeline's virtual stages: the largest multiple of stages x repeats
+  pipelined, `num_layers_per_pipeline_stage` of them per stage and repeat; `upstream/stage_records.py`)
+  and with microbatches the stages x 1, 2, 4 or 8 (MaxText's rule: a multiple of the stages dividing the
+  batch) while a microbatch keeps a whole sequence per batch shard (`fitting.timed`);
 - the remat policy: full, or every matmul output kept but the experts';
 - the micro-batch per GPU: 1, 2, 4, 8 (each larger one only while the smaller fits);
 - offload: none, else the optimizer, else the optimizer and parameters (the first that fits).
@@ -47,6 +48,7 @@ OFFLOADS = ("none", "optimizer", "optimizer_params")
 BATCHES = (1, 2, 4, 8)
 STAGES = (2, 4, 8)
 TENSOR = (1, 2, 4)  # tensor-parallel degrees inside a domain
+REPEATS = (1, 2, 4)  # a circular pipeline's repeats (virtual stages per stage)
 MICROBATCHES_PER_STAGE = (1, 2, 4, 8)
 
 
@@ -70,16 +72,17 @@ class Layout:
   microbatches: int = 0  # num_pipeline_microbatches
   dcn_ep: int = 1  # expert parallelism across domains (dcn_expert_parallelism): EP ep x dcn_ep in all
   tp: int = 1  # tensor parallelism inside the domain (ici_tensor_parallelism): ep x fsdp x tp its GPUs
+  repeats: int = 1  # a circular pipeline's repeats (num_pipeline_repeats, which MaxText derives)
 
   @property
   def per_stage(self) -> int:
-    """Layers per stage, all in one repeat."""
-    return self.pipelined // self.stages
+    """Layers a stage runs per iteration (per repeat)."""
+    return self.pipelined // (self.stages * self.repeats)
 
   @property
   def bubble(self) -> float:
-    """MaxText's bubble share of the pipelined layers' iterations, one repeat: (S - 1) / (M + S - 1)."""
-    return (self.stages - 1) / (self.microbatches + self.stages - 1) if self.stages > 1 else 0.0
+    """MaxText's bubble share of the pipelined layers' iterations: (S - 1) / (M x R + S - 1)."""
+    return (self.stages - 1) / (self.microbatches * self.repeats + self.stages - 1) if self.stages > 1 else 0.0
 
   def overrides(self) -> list[str]:
     out = [f"ici_expert_parallelism={self.ep}", f"ici_fsdp_parallelism={self.fsdp}"]
@@ -109,6 +112,8 @@ class Layout:
       out.append(f"tokens sent over the network to experts in {self.dcn_ep} domains")
     if self.stages > 1:
       out.append(f"a pipeline bubble of {self.bubble:.1%}; activations sent between stages over the network")
+    if self.repeats > 1:
+      out.append(f"each stage's weights gathered for each of its {self.repeats} repeats per microbatch")
     return "; ".join(out)
 
 
@@ -132,12 +137,12 @@ def _across(domains: int) -> list[tuple[int, int]]:
 
 def _ep_across(ici: int, domains: int, num_experts: int, routing_groups: int) -> list[int]:
   """Degrees of expert parallelism across domains, with the whole domain on the expert axis: those that
-  divide the domains and, with the domain's EP, the experts; and with group-limited routing the groups
-  (whole groups on each domain, `config/checks.py`)."""
+  divide the domains and, with the domain's EP, the experts; and with group-limited routing the groups, or
+  that the groups divide (whole groups on each domain, or each group on whole domains: `config/checks.py`)."""
   return [
     d
     for d in _divisors(domains)[1:]
-    if num_experts % (ici * d) == 0 and (routing_groups <= 0 or routing_groups % d == 0)
+    if num_experts % (ici * d) == 0 and (routing_groups <= 0 or routing_groups % d == 0 or d % routing_groups == 0)
   ]
 
 
@@ -151,9 +156,9 @@ def layouts(
   tensor: tuple[int, ...] = (1,),
 ) -> list[Layout]:
   """Every candidate layout (batch 1, no offload) on `nodes` nodes of `gpu`; with pipeline stages across
-  domains for a DeepSeek decoder of `moe_layers` MoE layers (0: none), at as many microbatches as stages
+  domains for a decoder of `moe_layers` layers it can pipeline (0: none), at as many microbatches as stages
   (`microbatch_counts` gives the others); with expert parallelism across domains (`_ep_across`); and at
-  each tensor-parallel degree of `tensor` that divides a domain."""
+  each tensor-parallel degree of `tensor` (above 1) that divides a domain, in place of FSDP."""
   g = gpu.gpus_per_node
   per_domain = max(k for k in range(1, nodes + 1) if nodes % k == 0 and k * g <= max(gpu.nvlink_domain, g))
   ici = per_domain * g
@@ -161,7 +166,9 @@ def layouts(
   staged = [(1, 0)] + [(s, moe_layers // s * s) for s in STAGES if domains % s == 0 and s <= moe_layers]
   out = []
   for stages, pipelined in staged:
-    for tp, ep in ((t, e) for t in tensor if ici % t == 0 for e in _divisors(ici // t)):
+    # tensor parallelism in place of FSDP inside the domain: EP x TP its GPUs
+    splits = [(1, e) for e in _divisors(ici)] + [(t, ici // t) for t in tensor if t > 1 and ici % t == 0]
+    for tp, ep in splits:
       if num_experts % ep:
         continue
       for dcn_fsdp, dcn_data in _across(domains // stages):

@@ -6,7 +6,7 @@ answer needs (about a second each: the search's cost), and its time.
 - After one estimate, the next offload tried is the first its arithmetic says may fit (`_offloaded_fits`:
   the presets move the optimizer state, then the parameters, to the host between steps; during the step
   the device loses the optimizer state and the parameters' re-laid-out copy, and nothing else).
-- The microbatch counts of a pipelined layout share one resolution (`_Microbatches`).
+- The schedules of a pipelined layout (repeats, microbatch counts) share one resolution (`_Schedule`).
 """
 
 import dataclasses
@@ -14,7 +14,7 @@ import types
 from typing import Any
 
 from maxtext_moe.errors import UserError
-from maxtext_moe.steptime.candidates import OFFLOADS, Layout, microbatch_counts
+from maxtext_moe.steptime.candidates import OFFLOADS, REPEATS, Layout, microbatch_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Found:
       "fsdp_across": self.layout.dcn_fsdp,
       "data_across": self.layout.dcn_data,
       "stages": self.layout.stages,
+      "repeats": self.layout.repeats,
       "microbatches": self.layout.microbatches or None,
       "pipeline_parallel_layers": self.layout.pipelined or None,
       "remat": self.layout.remat,
@@ -47,12 +48,15 @@ class Found:
     }
 
 
+def _deepseek(cfg: Any) -> bool:
+  return str(getattr(cfg.decoder_block, "value", cfg.decoder_block)).lower().endswith("deepseek")
+
+
 def pipelinable(cfg: Any) -> int:
-  """MoE layers a DeepSeek decoder can run in pipeline stages (0 for any other: our checks refuse stages
-  with MoE layers elsewhere, `config/checks.py`)."""
-  deepseek = str(getattr(cfg.decoder_block, "value", cfg.decoder_block)).lower().endswith("deepseek")
-  layers = int(cfg.num_decoder_layers) - int(cfg.first_num_dense_layers or 0)
-  return layers if deepseek and int(cfg.num_experts) > 1 else 0
+  """Layers of a MoE decoder's stack it can run in pipeline stages: a DeepSeek decoder's MoE layers (its
+  dense layers run before the pipeline), any other's every layer (0 without experts: not searched)."""
+  dense = int(cfg.first_num_dense_layers or 0) if _deepseek(cfg) else 0
+  return int(cfg.num_decoder_layers) - dense if int(cfg.num_experts) > 1 else 0
 
 
 def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -> tuple[tuple | None, int]:
@@ -105,10 +109,12 @@ def _state_floor(ctx: Any, cfg: Any, layout: Layout) -> Any:
 
   ep = layout.ep * layout.dcn_ep
   sizes = {"expert": ep, "fsdp": layout.fsdp * layout.dcn_fsdp, "data": layout.dcn_data, "stage": layout.stages}
+  sizes["tensor"] = layout.tp
   pipe = None
   if layout.stages > 1:
-    lay = (layout.stages, layout.microbatches, 1, 1, layout.per_stage, layout.pipelined)
-    pipe = stages.Stages(*lay, stack=stages.DEEPSEEK_STACK, stack_layers=pipelinable(cfg))
+    lay = (layout.stages, layout.microbatches, layout.repeats, 1, layout.per_stage, layout.pipelined)
+    stack = stages.DEEPSEEK_STACK if _deepseek(cfg) else stages.STACK
+    pipe = stages.Stages(*lay, stack=stack, stack_layers=pipelinable(cfg))
   params, optimizer, grads, _ = _state_bytes(cfg, ctx.leaves, divisibility.rules_of(cfg), sizes, pipe)
   total = params + optimizer + grads
   return types.SimpleNamespace(params=params, optimizer=optimizer, device_total=total, scan_copy=0, host=0)
@@ -130,39 +136,54 @@ def _doubled(est: Any) -> Any:
   )
 
 
-class _Microbatches:
-  """A resolved config at another num_pipeline_microbatches. MaxText derives nothing else from it
-  (configs/types.py only checks it: a multiple of the stages dividing the micro batch, which
-  `candidates.microbatch_counts` keeps), so each count is planned and timed without resolving again."""
+class _Schedule:
+  """A resolved config at another pipeline schedule: microbatches, repeats and the layers they pipeline.
+  MaxText derives nothing else from them (configs/types.py checks the microbatches: a multiple of the
+  stages dividing the micro batch, which `candidates.microbatch_counts` keeps; and that the pipelined
+  layers split into stages x layers per stage x repeats, which `_schedules` keeps), so each is planned and
+  timed without resolving again."""
 
-  def __init__(self, cfg: Any, microbatches: int):
+  def __init__(self, cfg: Any, microbatches: int, repeats: int, pipelined: int):
     self._cfg = cfg
     self.num_pipeline_microbatches = microbatches
+    self.num_pipeline_repeats = repeats
+    self.pipeline_parallel_layers = pipelined
+    stages = int(cfg.ici_pipeline_parallelism) * int(cfg.dcn_pipeline_parallelism)
+    self.num_layers_per_pipeline_stage = pipelined // (stages * repeats)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._cfg, name)
 
 
+def _schedules(ctx: Any, layout: Layout, cand: Any) -> list[Layout]:
+  """The staged `layout` in each of REPEATS (the largest multiple of stages x repeats pipelined) at each
+  microbatch count, but the one already timed."""
+  layers = pipelinable(cand)
+  out = []
+  for r in REPEATS:
+    pipelined = layers // (layout.stages * r) * layout.stages * r
+    for m in microbatch_counts(layout.stages, _sequences_per_shard(ctx, cand)) if pipelined else ():
+      if (m, r) != (layout.microbatches, layout.repeats):
+        out.append(dataclasses.replace(layout, microbatches=m, repeats=r, pipelined=pipelined))
+  return out
+
+
 def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
-  """The layout timed; a pipelined one at its fastest microbatch count that fits."""
+  """The layout timed; a pipelined one at its fastest schedule (repeats, microbatches) that fits."""
   from maxtext_moe.config.nodes import global_batch  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _estimate  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
 
   label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f" x EP {layout.dcn_ep} across" if layout.dcn_ep > 1 else "")
-  label += f", {layout.stages} stages" if layout.stages > 1 else ""
+  label += f" x TP {layout.tp}" * (layout.tp > 1) + (f", {layout.stages} stages" if layout.stages > 1 else "")
   batch_total = global_batch(layout.batch, ctx.num_devices, int(cand.gradient_accumulation_steps))
   best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label))
-  if layout.stages <= 1:
-    return best
-  for m in microbatch_counts(layout.stages, _sequences_per_shard(ctx, cand)):
-    if m == layout.microbatches:
-      continue
-    other = _Microbatches(cand, m)
-    e, _ = _estimate(ctx, other, [])
-    pred = predict_config(ctx, other, label) if e.fits else None
+  for other in _schedules(ctx, layout, cand) if layout.stages > 1 else ():
+    wrapped = _Schedule(cand, other.microbatches, other.repeats, other.pipelined)
+    e, _ = _estimate(ctx, wrapped, [])
+    pred = predict_config(ctx, wrapped, label) if e.fits else None
     if pred is not None and pred.tokens_per_s_per_gpu > best.prediction.tokens_per_s_per_gpu:
-      best = Found(dataclasses.replace(layout, microbatches=m), e.device_total / 2**30, batch_total, pred)
+      best = Found(other, e.device_total / 2**30, batch_total, pred)
   return best
 
 
@@ -171,6 +192,8 @@ def _sequences_per_shard(ctx: Any, cfg: Any) -> int:
   from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.estimate import batch_tokens  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.shards import tensor_ways  # pylint: disable=import-outside-toplevel
 
-  sizes = mesh_sizes(cfg, ctx.num_devices)
-  return batch_tokens(cfg, sizes, divisibility.rules_of(cfg), ctx.num_devices) // int(cfg.max_target_length)
+  sizes = mesh_sizes(cfg, ctx.num_devices)  # the batch is whole over tensor parallelism: its tokens x tp
+  tokens = batch_tokens(cfg, sizes, divisibility.rules_of(cfg), ctx.num_devices) * tensor_ways(sizes)
+  return tokens // int(cfg.max_target_length)

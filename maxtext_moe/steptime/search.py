@@ -149,8 +149,10 @@ def _template_file(keys: dict[str, Any]) -> Path:
   return path
 
 
-def search(base: Base) -> tuple[list[Found], int, Any]:
-  """(the layouts that fit, fastest first; how many MaxText resolved; the context of the base)."""
+def search(base: Base, *, tensor: bool = False) -> tuple[list[Found], int, Any]:
+  """(the layouts that fit, fastest first; how many MaxText resolved; the context of the base); with
+  `tensor`, tensor parallelism 2 and 4 too (left out by default: XLA:GPU's programs of our block under it
+  move far more than the model counts, docs/step-time.md)."""
   from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
 
   ctx, cfg = _context(str(base.path), base.overrides, None, None)
@@ -161,7 +163,7 @@ def search(base: Base) -> tuple[list[Found], int, Any]:
   floors: dict[Layout, int] = {}  # (a layout under full remat, at a batch) -> the offload that fit it
   groups = int(cfg.n_routing_groups or -1)
   heads = (int(cfg.num_query_heads), int(cfg.num_kv_heads))
-  tensor = tuple(t for t in TENSOR if all(h % t == 0 for h in heads))
+  tensor = tuple(t for t in TENSOR if all(h % t == 0 for h in heads)) if tensor else (1,)
   every = layouts(
     gpu,
     int(cfg.nodes),
@@ -212,7 +214,7 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
     staged = lay.stages > 1
     t.add_row(
       str(i), f"{lay.ep} x {lay.fsdp}" + f" x TP {lay.tp}" * (lay.tp > 1), across or "-",
-      str(lay.stages) if staged else "-",
+      (f"{lay.stages}" + f" x {lay.repeats} repeats" * (lay.repeats > 1)) if staged else "-",
       f"{lay.microbatches} ({lay.bubble:.1%} bubble)" if staged else "-", f"{lay.batch} ({f.global_batch:,})",
       lay.remat, lay.offload, f"{f.device_gib:.1f}", f"{f.prediction.tflops_per_gpu:,.0f}",
       f"{f.prediction.tokens_per_s_per_gpu:,.0f}", lay.gives_up(),
@@ -223,9 +225,8 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
 def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | None) -> str:
   """The chosen layout as a recipe file: the base's keys, then the cluster's and the layout's."""
   pred, lay = chosen.prediction, chosen.layout
-  stages = f", {lay.stages} pipeline stages of {lay.per_stage} MoE layers x {lay.microbatches} microbatches" * (
-    lay.stages > 1
-  )
+  stages = f", {lay.stages} pipeline stages of {lay.per_stage} layers" + f" x {lay.repeats} repeats" * (lay.repeats > 1)
+  stages = (stages + f" x {lay.microbatches} microbatches") * (lay.stages > 1)
   header = [
     f"Written by: {command}",
     f"{base.what}: EP {lay.ep} x FSDP {lay.fsdp}"
