@@ -54,7 +54,7 @@ def _deepseek(cfg: Any) -> bool:
 
 def pipelinable(cfg: Any) -> int:
   """Layers of a MoE decoder's stack it can run in pipeline stages: a DeepSeek decoder's MoE layers (its
-  dense layers run before the pipeline), any other's every layer (0 without experts: not searched)."""
+  dense layers run before the pipeline), any other's every layer (0 without experts: no stages searched)."""
   dense = int(cfg.first_num_dense_layers or 0) if _deepseek(cfg) else 0
   return int(cfg.num_decoder_layers) - dense if int(cfg.num_experts) > 1 else 0
 
