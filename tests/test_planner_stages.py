@@ -166,21 +166,28 @@ def test_candidates_span_stages_and_microbatches():
   assert candidates.microbatch_counts(4, 4) == [4] and candidates.microbatch_counts(4, 16) == [4, 8, 16]
 
 
+def _staged_against_flat(model: list[str], staged: list[str], stack_name: str):
+  """cpu/deepseek3-tiny (+ `model`) on 8 devices, FSDP 4 with 2 stages (+ `staged`) and FSDP 4 x data 2:
+  (the staged config, its estimate, the flat one's, one device's shard of the stack `stack_name` flat)."""
+  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
+
+  ctx, _ = _context("cpu/deepseek3-tiny", model, None, None)  # the parameter tree, traced once
+  staged_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_pipeline_parallelism=2", *staged])
+  flat_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_data_parallelism=2"])
+  (staged_est, _), (flat, _) = _estimate(ctx, staged_cfg, []), _estimate(ctx, flat_cfg, [])
+  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in flat_cfg.logical_axis_rules]
+  sizes = {"fsdp": 4, "data": 2}
+  leaves = (leaf for leaf in ctx.leaves if leaf[0][0] == "params" and stack_name in leaf[2])
+  return staged_cfg, staged_est, flat, sum(shard_elements(shape, names, rules, sizes) for _, shape, names in leaves)
+
+
 def test_the_tiny_models_plan_with_stages_against_the_same_split_without():
   """cpu/deepseek3-tiny (1 dense + 3 MoE layers) on 8 devices, FSDP 4 with 2 stages (2 MoE layers pipelined,
   1 before the pipeline) against FSDP 4 x data 2: the same split of every weight but the MoE stack, of
   which a device stores 2 layers of 3 with stages; the pipeline keeps, per each of its 2 x 1 + 1 iterations,
   a microbatch's stage input and layer input (full remat): 64 sequences of 256 tokens over FSDP 4 in 2
   microbatches, float32."""
-  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
-
-  ctx, _ = _context("cpu/deepseek3-tiny", [], None, None)  # the parameter tree, traced once
-  staged_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_pipeline_parallelism=2", "pipeline_parallel_layers=2"])
-  flat_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_data_parallelism=2"])
-  (staged, _), (flat, _) = _estimate(ctx, staged_cfg, []), _estimate(ctx, flat_cfg, [])
-  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in flat_cfg.logical_axis_rules]
-  sizes = {"fsdp": 4, "data": 2}
-  stack = sum(shard_elements(s, n, rules, sizes) for p, s, n in ctx.leaves if p[0] == "params" and "moe_layers" in n)
+  staged_cfg, staged, flat, stack = _staged_against_flat([], ["pipeline_parallel_layers=2"], "moe_layers")
   assert stack > 0 and flat.params - staged.params == 4 * stack // 3
   assert (staged.stages, staged.microbatches, staged.iterations) == (2, 2, 3)
   assert staged.microbatch_tokens == 64 * 256 // 4 // 2 and staged.tokens_per_step == flat.tokens_per_step
@@ -192,18 +199,10 @@ def test_a_qwen3_moe_model_plans_its_layers_stack_over_the_stages():
   """A 4-layer Qwen3-MoE on 8 devices, FSDP 4 with 2 stages x 2 repeats (every layer pipelined: its `layers`
   stack, no layer before the pipeline) against FSDP 4 x data 2: a device stores half the stack, and the
   loop runs 2 x 2 + 1 iterations."""
-  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
-
   model = ["model_name=qwen3-moe-from-hf", "override_model_config=true", "base_num_decoder_layers=4"]
   model += ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_mlp_dim=96"]
   model += ["base_moe_mlp_dim=32", "num_experts=16", "num_experts_per_tok=4", "vocab_size=32000"]
-  ctx, _ = _context("cpu/deepseek3-tiny", model, None, None)
-  staged_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_pipeline_parallelism=2"])
-  flat_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_data_parallelism=2"])
-  (staged, _), (flat, _) = _estimate(ctx, staged_cfg, []), _estimate(ctx, flat_cfg, [])
-  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in flat_cfg.logical_axis_rules]
-  sizes = {"fsdp": 4, "data": 2}
-  stack = sum(shard_elements(s, n, rules, sizes) for p, s, n in ctx.leaves if p[0] == "params" and "layers" in n)
+  staged_cfg, staged, flat, stack = _staged_against_flat(model, [], "layers")
   assert stack > 0 and flat.params - staged.params == 4 * stack // 2
   assert int(staged_cfg.num_pipeline_repeats) == 2 and (staged.stages, staged.iterations) == (2, 5)
 
