@@ -69,7 +69,7 @@ from typing import Any
 
 from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, xla_buffers
-from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed
+from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, tensor_ways
 
 GIB = 2**30
@@ -224,8 +224,7 @@ def estimate(
   # Outside the pipeline (MaxText's `logical_axis_rules_pp_act_as_dp`, and the logits' batch rule) the
   # stage axis splits the batch like data.
   outside_tokens = tokens // pipe.stages if pipe else tokens
-  in_block = saved_activations.value_of(cfg.moe_impl) == "dropless"
-  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1, in_block=in_block)
+  one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1, in_block=our_block(cfg))
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
   logits_phase, layer_logits = _logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_hardware(cfg.hardware))

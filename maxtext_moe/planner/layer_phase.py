@@ -62,6 +62,11 @@ def maxtext_te_block(cfg: Any) -> bool:
   return bool(getattr(cfg, "te_moe_block", False)) and saved_activations.value_of(cfg.moe_impl) == "maxtext"
 
 
+def our_block(cfg: Any) -> bool:
+  """Whether our dropless block computes the routed experts (`moe_impl=dropless`)."""
+  return saved_activations.value_of(getattr(cfg, "moe_impl", "")) == "dropless"
+
+
 def ours_with_te_ep(cfg: Any, dispatch: str) -> bool:
   """Whether our block runs with TE's NCCL EP (its compiled programs' buffers, `xla_buffers`); MaxText's
   TE block keeps the counts read before TE's EP compiled."""

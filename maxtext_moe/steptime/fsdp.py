@@ -15,8 +15,7 @@ are reduce-scattered per iteration likewise (the gather's transpose, inside the 
 import math
 from typing import Any
 
-from maxtext_moe.planner.layer_phase import dtype_bytes
-from maxtext_moe.planner.saved_activations import value_of
+from maxtext_moe.planner.layer_phase import dtype_bytes, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.stages import Stages
 from maxtext_moe.steptime.model import Transfer
@@ -50,7 +49,7 @@ def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages
   # XLA:GPU gathers the weights after their cast to the compute dtype (seen in the gb300x1024 compile:
   # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
   w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
-  in_block = value_of(getattr(cfg, "moe_impl", "")) == "dropless"
+  in_block = our_block(cfg)
   out = []
   for path, shape, names in leaves:
     if path[0] != "params":

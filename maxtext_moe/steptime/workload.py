@@ -46,8 +46,15 @@ from maxtext_moe.moe.levels import expected_nodes
 from maxtext_moe.moe.settings import DispatchKind
 from maxtext_moe.planner import saved_activations
 from maxtext_moe.planner.estimate import _state_bytes, batch_tokens
-from maxtext_moe.planner.layer_phase import _moe_rows, dtype_bytes, ep_buffers, experts_recomputed, maxtext_te_block
-from maxtext_moe.planner.shards import TENSOR_AXES
+from maxtext_moe.planner.layer_phase import (
+  _moe_rows,
+  dtype_bytes,
+  ep_buffers,
+  experts_recomputed,
+  maxtext_te_block,
+  our_block,
+)
+from maxtext_moe.planner.shards import TENSOR_AXES, tensor_ways
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
 from maxtext_moe.steptime.constants import exchange_beside
@@ -125,7 +132,7 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
   scale = 4 / 3 if step.full else 1  # the forward is a third of the training FLOPs
   model = {"dense": weights - routed, "grouped": routed, "attention": attention}
   if formats(cfg)["dense"] != "bf16":  # MaxText never quantizes the unembedding; our block keeps the router bf16
-    router_bf16 = value_of(cfg.moe_impl) == "dropless"  # MaxText's own non-TE block quantizes its router
+    router_bf16 = our_block(cfg)  # MaxText's own non-TE block quantizes its router
     per_token = int(cfg.vocab_size) + int(cfg.num_experts) * step.moe_layers * router_bf16
     model["head"] = min(6 * step.tokens * int(cfg.emb_dim) * per_token / 1e12, model["dense"])
     model["dense"] -= model["head"]
@@ -178,15 +185,19 @@ def _exchange(cfg: Any, step: _Step, dispatch: str) -> tuple[list[Transfer], flo
   return out, chunks * sizes[-1].recv_rows / step.tokens, syncs, kind.value, exchange_beside(chunks)
 
 
+def _tensor_ways(sides: dict[str, tuple[int, int]]) -> int:
+  return tensor_ways({axis: ici * dcn for axis, (ici, dcn) in sides.items()})
+
+
 def _tensor(cfg: Any, step: _Step) -> list[Transfer]:
   """Tensor parallelism's activation collectives per step (see the module docstring)."""
-  tp = math.prod(math.prod(step.sides.get(a, (1, 1))) for a in TENSOR_AXES)
+  tp = _tensor_ways(step.sides)
   if tp <= 1:
     return []
   domains = math.prod(step.sides.get(a, (1, 1))[1] for a in TENSOR_AXES)
   one = step.tokens * int(cfg.emb_dim) * dtype_bytes(cfg.dtype)  # a device's share of a [tokens, D] activation
   each = (2 if step.full else 1) + 1  # forward (again under full remat) and backward
-  ours = value_of(cfg.moe_impl) == "dropless"
+  ours = our_block(cfg)
   dense = step.layers + (step.layers - step.moe_layers) + step.moe_layers * (not ours)  # attention and MLPs
   n = dense * each
   out = [
@@ -203,7 +214,7 @@ def _tensor(cfg: Any, step: _Step) -> list[Transfer]:
 
 def _tensor_shapes(shapes: dict, sides: dict[str, tuple[int, int]]) -> dict:
   """The dense GEMMs (and the unembedding) under tensor parallelism: the group's rows, 1/tp of the width."""
-  tp = math.prod(math.prod(sides.get(a, (1, 1))) for a in TENSOR_AXES)
+  tp = _tensor_ways(sides)
   if tp <= 1:
     return shapes
   split = {cls: [(m * tp, max(n // tp, 1), k, s) for m, n, k, s in shapes[cls]] for cls in ("dense", "head")}
