@@ -60,6 +60,15 @@ DEEPSEEK_STACK = "moe_layers"
 STACK = "layers"
 
 
+def stack_of(cfg: Any) -> tuple[str, int]:
+  """(the logical name of the layer stack a decoder pipelines, in the tree traced without stages; its
+  layers): a DeepSeek decoder's MoE layers (its dense layers run before the pipeline), any other's every
+  layer."""
+  if value_of(cfg.decoder_block).lower().rsplit(".", 1)[-1] == "deepseek":
+    return DEEPSEEK_STACK, int(cfg.num_decoder_layers) - int(cfg.first_num_dense_layers or 0)
+  return STACK, int(cfg.num_decoder_layers)
+
+
 @dataclasses.dataclass(frozen=True)
 class Stages:
   """A resolved config's pipeline: S stages, M microbatches, R repeats, activation delay 1 or 2."""
@@ -77,8 +86,7 @@ class Stages:
   def of(cls, cfg: Any) -> "Stages | None":
     if not getattr(cfg, "using_pipeline_parallelism", False):
       return None
-    deepseek = value_of(cfg.decoder_block).lower().rsplit(".", 1)[-1] == "deepseek"
-    layers = int(cfg.num_decoder_layers)
+    stack, stack_layers = stack_of(cfg)
     return cls(
       stages=int(cfg.ici_pipeline_parallelism) * int(cfg.dcn_pipeline_parallelism),
       microbatches=int(cfg.num_pipeline_microbatches),
@@ -86,8 +94,8 @@ class Stages:
       delay=2 if cfg.pipeline_delay_activation_forwarding else 1,
       layers_per_stage=int(cfg.num_layers_per_pipeline_stage),
       pipelined=int(cfg.pipeline_parallel_layers),
-      stack=DEEPSEEK_STACK if deepseek else STACK,
-      stack_layers=layers - int(cfg.first_num_dense_layers or 0) if deepseek else layers,
+      stack=stack,
+      stack_layers=stack_layers,
     )
 
   @property

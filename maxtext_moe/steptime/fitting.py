@@ -48,15 +48,12 @@ class Found:
     }
 
 
-def _deepseek(cfg: Any) -> bool:
-  return str(getattr(cfg.decoder_block, "value", cfg.decoder_block)).lower().endswith("deepseek")
-
-
 def pipelinable(cfg: Any) -> int:
-  """Layers of a MoE decoder's stack it can run in pipeline stages: a DeepSeek decoder's MoE layers (its
-  dense layers run before the pipeline), any other's every layer (0 without experts: no stages searched)."""
-  dense = int(cfg.first_num_dense_layers or 0) if _deepseek(cfg) else 0
-  return int(cfg.num_decoder_layers) - dense if int(cfg.num_experts) > 1 else 0
+  """Layers of a MoE decoder's stack it can run in pipeline stages (`planner.stages.stack_of`; 0 without
+  experts: no stages searched)."""
+  from maxtext_moe.planner.stages import stack_of  # pylint: disable=import-outside-toplevel
+
+  return stack_of(cfg)[1] if int(cfg.num_experts) > 1 else 0
 
 
 def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -> tuple[tuple | None, int]:
@@ -113,8 +110,7 @@ def _state_floor(ctx: Any, cfg: Any, layout: Layout) -> Any:
   pipe = None
   if layout.stages > 1:
     lay = (layout.stages, layout.microbatches, layout.repeats, 1, layout.per_stage, layout.pipelined)
-    stack = stages.DEEPSEEK_STACK if _deepseek(cfg) else stages.STACK
-    pipe = stages.Stages(*lay, stack=stack, stack_layers=pipelinable(cfg))
+    pipe = stages.Stages(*lay, *stages.stack_of(cfg))
   params, optimizer, grads, _ = _state_bytes(cfg, ctx.leaves, divisibility.rules_of(cfg), sizes, pipe)
   total = params + optimizer + grads
   return types.SimpleNamespace(params=params, optimizer=optimizer, device_total=total, scan_copy=0, host=0)
@@ -158,11 +154,11 @@ class _Schedule:
 def _schedules(ctx: Any, layout: Layout, cand: Any) -> list[Layout]:
   """The staged `layout` in each of REPEATS (the largest multiple of stages x repeats pipelined) at each
   microbatch count, but the one already timed."""
-  layers = pipelinable(cand)
+  layers, counts = pipelinable(cand), microbatch_counts(layout.stages, _sequences_per_shard(ctx, cand))
   out = []
   for r in REPEATS:
     pipelined = layers // (layout.stages * r) * layout.stages * r
-    for m in microbatch_counts(layout.stages, _sequences_per_shard(ctx, cand)) if pipelined else ():
+    for m in counts if pipelined else ():
       if (m, r) != (layout.microbatches, layout.repeats):
         out.append(dataclasses.replace(layout, microbatches=m, repeats=r, pipelined=pipelined))
   return out

@@ -100,14 +100,12 @@ def default_of(model: str, gpu: str, nodes: int, overrides: list[str]) -> tuple[
   """`plan MODEL --gpu GPU --nodes N` without --search: (the recipe to plan, the words for it). A recipe
   given is planned on GPU; a model of configs/models or a model file on its shipped recipe for GPU where
   there is one, else on the template with a default layout (`_default_layout`); `overrides` win."""
-  if hardware.gpu(gpu) is None:
-    raise UserError(f"unknown GPU '{gpu}'; the planner knows {', '.join(hardware.GPUS)}")
   shipped = [r for r in list_recipes() if r.rsplit("/", 1)[-1] == model and _recipe_gpu(r) == gpu]
   if shipped:
     words = f"the recipe {shipped[0]}" + ", your overrides on top" * bool(overrides)
     return Base(recipe_path(shipped[0]), [*overrides, f"nodes={nodes}"], {}, shipped[0]), words
   base = base_of(model, gpu, nodes, overrides)
-  if base.keys.get("model_name") is None or "ici_expert_parallelism" in base.keys:  # a recipe: its own layout
+  if base.keys.get("model_name") is None:  # a recipe (its keys name only its base_config): its own layout
     return base, f"the recipe {model} on {gpu}"
   lay = _default_layout(base, hardware.gpu(gpu), nodes)
   words = f"a default layout, EP {lay.ep} x FSDP {lay.fsdp} per NVLink domain" + (
