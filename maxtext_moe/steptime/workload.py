@@ -217,8 +217,9 @@ def _tensor_shapes(shapes: dict, sides: dict[str, tuple[int, int]]) -> dict:
   tp = _tensor_ways(sides)
   if tp <= 1:
     return shapes
-  split = {cls: [(m * tp, max(n // tp, 1), k, s) for m, n, k, s in shapes[cls]] for cls in ("dense", "head")}
-  return shapes | {cls: v for cls, v in split.items() if cls in shapes}
+  return shapes | {
+    cls: [(m * tp, max(n // tp, 1), k, s) for m, n, k, s in shapes[cls]] for cls in ("dense", "head") if cls in shapes
+  }
 
 
 def _host_transfers(cfg: Any, leaves: list, step: _Step, kind: str) -> list[Transfer]:
