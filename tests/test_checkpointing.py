@@ -78,7 +78,7 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert lines[0].startswith("train deepseek3-671b: checked off its GPUs: the config, the layout on 256 GPUs")
   assert "it fits (61.8 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
   assert lines[1] == (
-    "  checkpoint_period=280 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
+    "  checkpoint_period=230 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
     "minutes by the step-time model"
   )
   assert lines[2].startswith("  skipped (checked when the job starts): the devices each process sees")

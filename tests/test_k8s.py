@@ -189,9 +189,9 @@ def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   docs = list(yaml.safe_load_all(r.stdout))  # stdout is nothing but the YAML documents
   assert [d["kind"] for d in docs] == ["Service", "Job"]
-  # what a failure costs, on standard error beside the manifests (the recipe's 50 steps, a period of 2,800)
+  # what a failure costs, on standard error beside the manifests (the recipe's 50 steps, a period of 2,500)
   assert r.stderr.strip().splitlines()[-1] == (
-    "maxtext-moe: note: checkpoint_period=2800 >= steps=50: the run saves at its last step only; a failure loses it all"
+    "maxtext-moe: note: checkpoint_period=2500 >= steps=50: the run saves at its last step only; a failure loses it all"
   )
   for doc in docs:
     _validate(doc)

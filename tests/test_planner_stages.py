@@ -225,8 +225,8 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
 
   every = candidates.layouts
 
-  def few(gpu, nodes, experts, *, moe_layers=0, routing_groups=0):
-    cands = every(gpu, nodes, experts, moe_layers=moe_layers, routing_groups=routing_groups)
+  def few(gpu, nodes, experts, *, moe_layers=0, routing_groups=0, tensor=(1,)):
+    cands = every(gpu, nodes, experts, moe_layers=moe_layers, routing_groups=routing_groups, tensor=tensor)
     return [c for c in cands if c.ep == 4 and c.dcn_ep == 1 and c.dcn_data == 1 and c.remat == "full"]
 
   monkeypatch.setattr(search, "layouts", few)
@@ -246,7 +246,7 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   recipe.write_text(search.recipe_text(base, staged, command="test", hbm_gib=ctx.hbm_gib))
   cfg = resolved(recipe, [])
   lay = staged.layout
-  assert cfg.using_pipeline_parallelism and int(cfg.num_pipeline_repeats) == 1
+  assert cfg.using_pipeline_parallelism and int(cfg.num_pipeline_repeats) == lay.repeats
   assert (int(cfg.dcn_pipeline_parallelism), int(cfg.ici_pipeline_parallelism)) == (lay.stages, 1)
   assert (int(cfg.num_pipeline_microbatches), int(cfg.pipeline_parallel_layers)) == (lay.microbatches, lay.pipelined)
   timed = for_recipe(str(recipe), [])

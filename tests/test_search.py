@@ -98,7 +98,7 @@ def test_search_writes_a_recipe_every_command_takes(tmp_path):
   first = result["layouts"][0]
   rates = [row["tokens_per_s_per_gpu"] for row in result["layouts"]]
   assert rates == sorted(rates, reverse=True) and result["written"] == str(out)
-  assert "EP x FSDP per domain" in r.stderr, "the table goes to stderr with --json"
+  assert "EP x FSDP (x TP) per domain" in r.stderr, "the table goes to stderr with --json"
   keys = yaml.safe_load(out.read_text())
   assert keys["base_config"] == "${moe_configs:base.yml}" and keys["model_name"] == "deepseek3-tiny"
   assert (keys["ici_expert_parallelism"], keys["ici_fsdp_parallelism"]) == (first["ep"], first["fsdp_per_domain"])

@@ -3,7 +3,8 @@
 MaxText's own `checkpoint_period` is 10,000 steps: on a 671B layout at 6-10 s a step that is 17-28 hours
 of work a node failure throws away, which is what resume exists to prevent. Our GPU recipes and the ones
 `plan --search --write` writes carry a period from time instead: about `MINUTES` of steps by the step-time
-model (`period_for`), rounded down to two significant digits. A save costs a pause of the state's size
+model (`period_for`), rounded down to two significant digits; the recipes we ship aim at `SHIPPED` minutes,
+so that a refinement of the step-time model by up to a fifth keeps them under `MINUTES`. A save costs a pause of the state's size
 over the filesystem's bandwidth (docs/cluster.md), so much shorter periods trade speed for little.
 """
 
@@ -11,6 +12,7 @@ import math
 from typing import Any
 
 MINUTES = 30  # the work a failure may cost at most, by the step-time model
+SHIPPED = 25  # what a shipped recipe's period aims at: MINUTES with room for the model's refinements
 MAXTEXT_DEFAULT = 10_000  # MaxText's base.yml checkpoint_period
 
 
