@@ -4,8 +4,9 @@ MaxText's own `checkpoint_period` is 10,000 steps: on a 671B layout at 6-10 s a 
 of work a node failure throws away, which is what resume exists to prevent. Our GPU recipes and the ones
 `plan --search --write` writes carry a period from time instead: about `MINUTES` of steps by the step-time
 model (`period_for`), rounded down to two significant digits; the recipes we ship aim at `SHIPPED` minutes,
-so that a refinement of the step-time model by up to a fifth keeps them under `MINUTES`. A save costs a pause of the state's size
-over the filesystem's bandwidth (docs/cluster.md), so much shorter periods trade speed for little.
+so that a refinement of the step-time model by up to a fifth keeps them under `MINUTES`. A save costs a
+pause of the state's size over the filesystem's bandwidth (docs/cluster.md), so much shorter periods trade
+speed for little.
 """
 
 import math
