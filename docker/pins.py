@@ -20,7 +20,7 @@ import sys
 from importlib import metadata
 
 GUARDED = re.compile(r"^(jax|jaxlib|jax-cuda\d+-(plugin|pjrt)|transformer-engine.*|nvidia-nccl-cu\d+)$")
-MIN_VERSIONS = {"transformer-engine": (2, 20)}  # TE EP and the API upstream/te.py calls (te_manifest.json)
+MIN_VERSIONS = {"transformer-engine": (2, 20)}  # TE EP and the API upstream/te/calls.py calls (upstream/te/manifest.json)
 MIN_PYTHON = (3, 12)  # maxtext 0.2.5
 MIN_NCCL = (2, 30, 4)  # TE's NCCL EP
 TE_EP_FILE = "transformer_engine/jax/ep.py"

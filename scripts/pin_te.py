@@ -1,6 +1,6 @@
-"""Rewrites maxtext_moe/upstream/te_manifest.json from a Transformer Engine distribution: the parameters of
-every TE function, class and attribute the TE seam (upstream/te.py, te_target.py) uses, read from TE's own Python
-sources (it cannot be imported without CUDA, so they are read as syntax trees).
+"""Rewrites maxtext_moe/upstream/te/manifest.json from a Transformer Engine distribution: the parameters of
+every TE function, class and attribute the TE seam (upstream/te/calls.py, compile_target.py) uses, read
+from TE's own Python sources (it cannot be imported without CUDA, so they are read as syntax trees).
 
 The distribution that holds transformer_engine/jax/*.py is the pure-Python wheel
 `transformer_engine-<version>-py3-none-any.whl` (PyPI project `transformer-engine`); the
@@ -10,7 +10,7 @@ pass it (a directory of unpacked sources works too):
   pip download --no-deps transformer-engine==2.20.2 -d /tmp/te
   .venv/bin/python scripts/pin_te.py /tmp/te/transformer_engine-2.20.2-py3-none-any.whl
 
-Then read the diff: every changed line is a TE change te.py must be checked against.
+Then read the diff: every changed line is a TE change calls.py must be checked against.
 """
 
 import argparse
@@ -22,7 +22,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from maxtext_moe.upstream import te_manifest, te_sources
+from maxtext_moe.upstream.te import manifest as te_manifest
+from maxtext_moe.upstream.te import sources as te_sources
 
 
 def _reader(path: Path) -> Callable[[str], str | None]:

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.mesh_axes import TE_RESOURCES
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoESettings
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream.te import calls as te
 
 T_PER_RANK, D, F, E, K = 256, 512, 256, 16, 4
 

@@ -37,7 +37,7 @@ def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   if cfg.recipe_num_devices > 0:
-    from maxtext_moe.config.layout import fixed_layout_size, mesh_sizes
+    from maxtext_moe.moe.layout import fixed_layout_size, mesh_sizes
 
     ici, ici_auto = fixed_layout_size(cfg, prefix="ici_")
     assert (ici * cfg.num_slices, ici_auto) == (cfg.recipe_num_devices, False), "GPU recipes lay out each domain"

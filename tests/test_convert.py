@@ -39,7 +39,7 @@ def converted(tmp_path_factory):
 
 
 def _logits(upstream_config, items_path, tokens, mtp=1):
-  from maxtext_moe.upstream.model import load_and_forward
+  from maxtext_moe.upstream.maxtext.model import load_and_forward
 
   # 8 fake devices shard the batch 8 ways: repeat the 2 reference rows to 8 and keep the first 2.
   batch = np.tile(tokens, (4, 1))

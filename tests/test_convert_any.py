@@ -26,7 +26,7 @@ def _logits(out: Path, tokens: np.ndarray) -> np.ndarray:
   """MaxText's logits (our MoE block) for the converted checkpoint OUT, its model from OUT/model.yml."""
   from maxtext_moe.checkpoint.model_spec import from_model_yaml
   from maxtext_moe.upstream.config import resolved
-  from maxtext_moe.upstream.model import ONE_DEVICE_OVERRIDES, load_and_forward
+  from maxtext_moe.upstream.maxtext.model import ONE_DEVICE_OVERRIDES, load_and_forward
 
   batch = np.tile(tokens, (4, 1))  # conftest's 8 devices shard the batch: 8 rows, the first 2 compared
   spec = from_model_yaml(out / "model.yml", [*F32, "per_device_batch_size=1", f"max_target_length={tokens.shape[1]}"])

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO, run_cli
-from maxtext_moe.config import checks, layout, recipes
+from maxtext_moe.config import checks, recipes
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch.preflight import check_platform, check_visible_devices
+from maxtext_moe.moe import layout
 
 TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 

@@ -81,7 +81,7 @@ _RANK = textwrap.dedent(
   jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=rank, local_device_ids=[rank])
   from jax.sharding import Mesh
   import numpy as np
-  from maxtext_moe.upstream import te
+  from maxtext_moe.upstream.te import calls as te
   from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.gpu_compile import nccl_ep
 from maxtext_moe.moe.te_capacity import te_ep_capacity
@@ -137,7 +137,7 @@ def test_fp8_container_te_ep_receive_rows_match_tes_own_function():
     f"""
     from maxtext_moe.gpu_compile import te_libraries
     te_libraries.load()
-    from maxtext_moe.upstream import te
+    from maxtext_moe.upstream.te import calls as te
     from maxtext_moe.moe.te_capacity import te_ep_capacity
     bad = []
     for t, k, p, e, f in {grid!r}:

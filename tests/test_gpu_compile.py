@@ -21,7 +21,7 @@ def test_every_gpu_model_of_the_table_gives_compile_only_devices():
   code = (
     "import os; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
     "from maxtext_moe.config import hardware\n"
-    "from maxtext_moe.upstream.compile import gpu_topology\n"
+    "from maxtext_moe.upstream.maxtext.compile import gpu_topology\n"
     "for name, gpu in hardware.GPUS.items():\n"
     "  d = gpu_topology(hardware.target_config(gpu), partitions=1, hosts_per_partition=2, devices_per_host=1)\n"
     "  print(name, len(d), d[0].device_kind, getattr(d[0], 'compute_capability', ''))\n"
@@ -47,7 +47,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as fa
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from maxtext_moe.config import hardware
-from maxtext_moe.upstream.compile import gpu_topology
+from maxtext_moe.upstream.maxtext.compile import gpu_topology
 from maxtext_moe.upstream.jax_backend import cudnn_attention_for_target
 devices = gpu_topology(hardware.target_config(hardware.GPUS["h200"]), partitions=1, hosts_per_partition=8,
                        devices_per_host=1)
@@ -499,7 +499,7 @@ def test_the_cpu_mesh_a_host_state_step_is_lowered_over_mirrors_the_gpu_mesh():
   import numpy as np
   from jax.sharding import Mesh
 
-  from maxtext_moe.upstream.compile import gpu_topology, lowering_mesh
+  from maxtext_moe.upstream.maxtext.compile import gpu_topology, lowering_mesh
 
   def gpus(n: int) -> list:
     return gpu_topology(hardware.target_config(hardware.GPUS["h100"]), partitions=1, hosts_per_partition=n,

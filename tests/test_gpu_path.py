@@ -27,7 +27,7 @@ from maxtext_moe.moe.settings import (
   resolve_backend,
   resolve_dispatch,
 )
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream.te import calls as te
 
 TINY = recipes.recipe_path("cpu/deepseek3-tiny")
 

@@ -54,7 +54,7 @@ def test_preset_without_pinned_host_memory_is_refused(monkeypatch):
 
 
 def lowered_with(upstream_config, offload: str, platform: str, extra: list[str]) -> str:
-  from maxtext_moe.upstream.compile import lowered_train_step
+  from maxtext_moe.upstream.maxtext.compile import lowered_train_step
 
   cfg = upstream_config.resolved(TINY, [*SMALL, f"offload={offload}", *extra])
   return lowered_train_step(cfg, platform=platform)

@@ -5,7 +5,7 @@ MaxText runs the multi-token prediction block after the decoder, outside the pip
 rules its activations were split over every batch axis but `stage`, so every stage ran the whole batch
 through the MTP layer and its output head, and the logits' gradient was gathered onto every GPU (4.0 GiB
 over the 8 GPUs here, one GPU's share of the logits being 0.5 GiB; 1,974 GiB per GPU for the 671B's 2
-stages on 256 H100s). `upstream/pipeline.py` runs the block under the rules MaxText gives the layers it
+stages on 256 H100s). `upstream/pipeline/moe_stages.py` runs the block under the rules MaxText gives the layers it
 runs before the pipeline, where the stage axis splits tokens like data."""
 
 import pytest

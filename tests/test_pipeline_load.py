@@ -1,4 +1,4 @@
-"""A checkpoint without pipeline stages read into a pipelined model's layout (upstream/stage_load.py): every
+"""A checkpoint without pipeline stages read into a pipelined model's layout (upstream/pipeline/flat_load.py): every
 box of every leaf kind against the stack rearranged by reshape, from a real TensorStore array, for DeepSeek's
 MoE stack (the layers outside the pipeline first) and the other decoders' stack of every layer (those
 outside after it), circular pipelines included; and back (`Unstaged`, what the export reads)."""
@@ -10,7 +10,7 @@ import pytest
 import tensorstore as ts
 
 from conftest import REPO
-from maxtext_moe.upstream import stage_load
+from maxtext_moe.upstream.pipeline import flat_load as stage_load
 
 
 def _store(x: np.ndarray):

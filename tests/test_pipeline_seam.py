@@ -16,8 +16,9 @@ from maxtext.layers import pipeline as mt_pipeline
 
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
-from maxtext_moe.upstream import pipeline, stage_records
 from maxtext_moe.upstream.patches import installed
+from maxtext_moe.upstream.pipeline import moe_stages as pipeline
+from maxtext_moe.upstream.pipeline import records as stage_records
 
 SCHEDULES = [(2, 2, 1, 1), (2, 4, 1, 1), (4, 4, 1, 1), (2, 2, 3, 1), (4, 8, 2, 1), (2, 4, 1, 2), (3, 6, 2, 2)]
 
@@ -230,7 +231,7 @@ def test_a_stage_layer_rematted_on_its_own_computes_what_it_did(policy):
   """`stage_remat.rematted`: one subclass per layer class, the same parameter tree, the same output,
   gradients and sown values, and a checkpoint of its own with MaxText's per-layer policy (none saved
   under full remat) around a call whose input is named for the pipeline's policy."""
-  from maxtext_moe.upstream import stage_remat
+  from maxtext_moe.upstream.pipeline import remat as stage_remat
 
   sub = stage_remat.rematted(_Layer)
   assert stage_remat.rematted(_Layer) is sub and issubclass(sub, _Layer) and sub.__name__ == "_Layer"

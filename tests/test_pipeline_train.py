@@ -17,7 +17,7 @@ from conftest import run_cli
 from maxtext_moe.checkpoint import export
 from maxtext_moe.checkpoint.orbax_io import LeafReader
 from maxtext_moe.checkpoint.safetensors_io import HFCheckpoint
-from maxtext_moe.upstream import stage_load
+from maxtext_moe.upstream.pipeline import flat_load as stage_load
 
 pytestmark = pytest.mark.ci  # about 15 minutes of training runs on 2 cores: run by .ci/run
 

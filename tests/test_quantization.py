@@ -44,7 +44,7 @@ def _forward_fp8_dots(text: str) -> list[str]:
 
 
 def test_fp8_quantizes_the_dense_gemms_and_not_the_router_or_our_experts(upstream_config):
-  from maxtext_moe.upstream.compile import lowered_train_step
+  from maxtext_moe.upstream.maxtext.compile import lowered_train_step
 
   cfg = upstream_config.resolved(TINY, [*SMALL, *EP_FSDP, "quantization=fp8"])
   text = lowered_train_step(cfg, platform="cpu")
@@ -84,7 +84,7 @@ def test_quantization_refusal_is_one_line_and_exit_2(tmp_path):
 
 def test_te_quantization_without_transformer_engine_is_one_line_and_nothing_written(tmp_path):
   """MaxText imports TE only when it builds the model: a traceback, and a run directory, before this check."""
-  from maxtext_moe.upstream import te
+  from maxtext_moe.upstream.te import calls as te
 
   if te.status().available:
     pytest.skip("Transformer Engine imports here")

@@ -10,7 +10,7 @@ import pytest
 from maxtext_moe.runlog.files import read_jsonl, step_row
 from maxtext_moe.runlog.recorder import RunRecorder
 from maxtext_moe.runlog.summary import summarize
-from maxtext_moe.upstream.recovery import NonFiniteGuard, NonFiniteLoss
+from maxtext_moe.upstream.maxtext.recovery import NonFiniteGuard, NonFiniteLoss
 
 
 def _scalars(loss, tokens=100.0):

@@ -194,7 +194,7 @@ def test_an_unfinished_save_is_removed_even_while_a_writer_still_recreates_it(tm
   import threading
   import time
 
-  from maxtext_moe.upstream import recovery
+  from maxtext_moe.upstream.maxtext import recovery
 
   tmp = tmp_path / "4.orbax-checkpoint-tmp"
   stop = time.monotonic() + 1.0

@@ -43,8 +43,8 @@ def test_masking_worked_example(upstream_config):
   content and its <|end|> (4 tokens: '4', <|end|>, '6', <|end|>); the system and user turns and the
   generation prompts <|assistant|> are context only."""
   from maxtext_moe.sft import prepare as sft_data
-  from maxtext_moe.upstream import sft
   from maxtext_moe.upstream.config import hyperparameters
+  from maxtext_moe.upstream.maxtext import sft_data as sft
 
   cfg = _cfg(upstream_config, "per_device_batch_size=1", "max_target_length=96")
   messages = [

@@ -67,7 +67,7 @@ def _workload(recipe: str, overrides: list[str]):
 
 
 def test_the_flop_classes_add_up_to_maxtexts_count_and_the_experts_to_the_hand_count():
-  from maxtext_moe.upstream.compile import train_tflops_per_device
+  from maxtext_moe.upstream.maxtext.compile import train_tflops_per_device
 
   cfg, w = _workload("h200x8/deepseek3-proxy-16b", ["remat_policy=minimal"])  # no recompute modelled
   total, _, _ = train_tflops_per_device(cfg)

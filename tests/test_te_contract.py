@@ -1,5 +1,5 @@
-"""The Transformer Engine seam against TE's real API (te_manifest.json, read from TE 2.20.2's sources by
-scripts/pin_te.py): every TE call in upstream/te.py passes only parameters TE takes, with the right
+"""The Transformer Engine seam against TE's real API (upstream/te/manifest.json, read from TE 2.20.2's sources by
+scripts/pin_te.py): every TE call in upstream/te/calls.py passes only parameters TE takes, with the right
 positional arity and every required one; the check fails when TE renames or drops something."""
 
 import ast
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_moe.upstream import te, te_manifest, te_sources
+from maxtext_moe.upstream.te import calls as te
+from maxtext_moe.upstream.te import manifest as te_manifest
+from maxtext_moe.upstream.te import sources as te_sources
 
 PACKAGE = Path(te_manifest.__file__).resolve().parents[1]
 
@@ -36,7 +38,7 @@ def test_every_te_call_matches_the_pinned_api(pinned):
 def test_the_check_fails_on_a_wrong_name(pinned):
   """What a TE rename looks like from our side: a keyword, a function, an attribute it does not have."""
   source = te_manifest.SEAM.read_text()
-  cases = [  # (what te.py says, what it would say after a rename, the name the check must report)
+  cases = [  # (what calls.py says, what it would say after a rename, the name the check must report)
     ("max_tokens_per_rank=tokens_per_rank", "max_tokens_per_rank_typo=tokens_per_rank", "max_tokens_per_rank_typo"),
     ("= ep.ep_dispatch(", "= ep.ep_dispatch_v2(", "ep_dispatch_v2"),
     ("ScalingMode.MXFP8_1D_SCALING\n", "ScalingMode.MXFP8_SCALING\n", "MXFP8_SCALING"),
@@ -78,9 +80,11 @@ def test_te_is_imported_only_in_the_seam_and_the_seam_imports_nothing_of_ours():
         else []
       )
       if any(n.split(".")[0] == "transformer_engine" for n in names):
-        assert path in te_manifest.SEAMS, f"{path} imports Transformer Engine outside upstream/te.py, te_target.py"
+        assert path in te_manifest.SEAMS, (
+          f"{path} imports Transformer Engine outside upstream/te/calls.py, compile_target.py"
+        )
       if path == te_manifest.SEAM:
-        assert not any(n.startswith("maxtext_moe") for n in names), "upstream/te.py must import nothing of ours"
+        assert not any(n.startswith("maxtext_moe") for n in names), "upstream/te/calls.py must import nothing of ours"
 
 
 # A miniature distribution with each way TE 2.20.2 defines or re-exports what we call.
@@ -157,6 +161,6 @@ def test_pin_follows_every_kind_of_definition():
   )
   problems = te_manifest.violations(te_manifest.uses(src), symbols, version="fake")
   assert problems == [
-    "te.py:2: transformer_engine.jax.ep:ep_dispatch needs 'tokens', which is not passed",
-    "te.py:3: transformer_engine.jax.ep:ep_dispatch is called with *args/**kwargs, which this check cannot verify",
+    "calls.py:2: transformer_engine.jax.ep:ep_dispatch needs 'tokens', which is not passed",
+    "calls.py:3: transformer_engine.jax.ep:ep_dispatch is called with *args/**kwargs, which this check cannot verify",
   ]

@@ -69,7 +69,7 @@ def test_unlisted_and_misplaced_upstream_uses_are_caught(tmp_path):
 def test_patches_keep_originals_here_and_restore_them():
   from maxtext.layers import moe as mt_moe
 
-  from maxtext_moe.upstream import moe_layer
+  from maxtext_moe.upstream.maxtext import moe_layer
 
   upstream = mt_moe.RoutedMoE.sparse_matmul
   with patches.installed(moe_layer.patches()):

@@ -34,7 +34,7 @@ import numpy as np
 
 from maxtext_moe.bench.moe_speed import gemm_efficiency, layer_times
 from maxtext_moe.tools import doctor
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream.te import calls as te
 
 FULL = {"tokens": 4096, "top_k": 8, "dim": 7168, "hidden": 2048, "local_experts": (32, 8), "rounds": 3, "reps": 5}
 SMOKE = {"tokens": 64, "top_k": 8, "dim": 64, "hidden": 32, "local_experts": (8, 4), "rounds": 1, "reps": 1}
@@ -135,7 +135,7 @@ def gemm_rows(shape: dict[str, Any], dtype: Any, deadline: float) -> tuple[list[
 
 def layer_row(overrides: list[str], reps: int) -> dict[str, Any]:
   try:
-    from maxtext_moe.upstream import model  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+    from maxtext_moe.upstream.maxtext import model  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   except Exception as e:  # pylint: disable=broad-except  # ImportError, or a dependency failing at import
     return {"skipped": f"maxtext does not import here ({type(e).__name__}: {e}); pass its wheels with --wheels"}
   times, diffs = layer_times(reps=reps, overrides=overrides)

@@ -113,7 +113,7 @@ def layer_times(*, reps: int = 3, overrides: list[str] = LAYER_OVERRIDES) -> tup
   and each variant's max |output - dense output| as a check that they compute the same layer."""
   from maxtext_moe.config.recipes import DEFAULT_RECIPE, recipe_path
   from maxtext_moe.upstream.config import resolved
-  from maxtext_moe.upstream.model import routed_moe_layer
+  from maxtext_moe.upstream.maxtext.model import routed_moe_layer
 
   times, outputs = {}, {}
   for name, extra in LAYER_VARIANTS.items():

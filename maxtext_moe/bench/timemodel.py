@@ -67,8 +67,8 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
   """Every layout of `_layouts(devices)` the planner says fits (with the optimizer and parameters on the
   host when it fits only so), fastest first. The parameter tree is traced once: its shapes do not depend
   on the layout."""
-  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel

@@ -3,7 +3,7 @@
 A pipelined run keeps the layers of the pipeline's stack as `decoder/pipeline_module/layers/...`
 [(R,) S, ...] and those run outside the pipeline as a stack of their own (a DeepSeek run's MoE layers before
 it, `decoder/moe_layers_outside_pipeline/...`; a Qwen3-MoE or Mixtral run's last layers after it,
-`decoder/layers_outside_pipeline/...`; upstream/stage_load.py has the layout); a checkpoint without stages
+`decoder/layers_outside_pipeline/...`; upstream/pipeline/flat_load.py has the layout); a checkpoint without stages
 keeps them as one stack, `decoder/moe_layers/...` or `decoder/layers/...`. The layout depends on the run's
 pipeline keys, which the checkpoint does not record: the run's `job.json` (beside `checkpoints/`) does.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.errors import UserError
-from maxtext_moe.upstream import stage_load
+from maxtext_moe.upstream.pipeline import flat_load as stage_load
 
 
 class StagedReader:

@@ -38,7 +38,7 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
     from maxtext_moe.config import flags
     from maxtext_moe.launch import environment
     from maxtext_moe.moe.settings import detect_platform
-    from maxtext_moe.upstream import te
+    from maxtext_moe.upstream.te import calls as te
 
     if jax.default_backend() == "cpu":  # measure under the allocator settings `train` runs with on CPU
       environment.apply(flags.profile("cpu"))

@@ -7,7 +7,9 @@ the plugin's pydantic config class (see `upstream.config`), after MaxText's own 
 
 from typing import Any
 
-from maxtext_moe.config.layout import (
+from maxtext_moe.config.quantization import check_dense_quantization
+from maxtext_moe.config.stage_checks import check_pipeline_for_moe
+from maxtext_moe.moe.layout import (
   DCN,
   ICI,
   SUFFIX,
@@ -17,8 +19,6 @@ from maxtext_moe.config.layout import (
   fixed_layout_size,
   parallelism_axes,
 )
-from maxtext_moe.config.quantization import check_dense_quantization
-from maxtext_moe.config.stage_checks import check_pipeline_for_moe
 from maxtext_moe.moe.settings import check_buffers, check_dispatch, check_quantization
 
 

@@ -11,7 +11,14 @@ from pydantic import BaseModel, Field, field_validator
 
 from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.offload import OffloadPreset
-from maxtext_moe.moe.settings import DEFAULT_BUFFER_FACTOR, BufferMode, DispatchKind, GemmBackend, GemmQuantization
+from maxtext_moe.moe.settings import (
+  DEFAULT_BUFFER_FACTOR,
+  BufferMode,
+  DispatchKind,
+  GemmBackend,
+  GemmQuantization,
+  MoEImpl,
+)
 
 # Which XLA/NCCL flag profile (configs/flags/profiles.yml) a run uses: auto (the one named by
 # recipe_hardware), disabled (not "none"/"off", see Progress), or any hardware's own profile. Built from
@@ -26,13 +33,6 @@ class Progress(StrEnum):
   RICH = "rich"
   PLAIN = "plain"
   SILENT = "silent"  # not "none"/"off": MaxText turns "none" into None and YAML reads "off" as False
-
-
-class MoEImpl(StrEnum):
-  """Which code computes the routed experts."""
-
-  DROPLESS = "dropless"  # ours: maxtext_moe.moe, patched in at MaxText's sparse_matmul seam
-  MAXTEXT = "maxtext"  # MaxText's own sparse_matmul / dense_matmul
 
 
 class NonFinitePolicy(StrEnum):

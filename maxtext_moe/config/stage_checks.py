@@ -9,7 +9,7 @@ def _stages(cfg: Any) -> int:
 
 
 def check_pipeline_for_moe(cfg: Any) -> None:
-  """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline.py: the routing bias
+  """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline/moe_stages.py: the routing bias
   among a stage's weights, the expert loads folded from the pipeline's iterations, repeats included, one
   bias update per step) with our block, for any decoder; what it does not run is refused here."""
   stages = _stages(cfg)

@@ -61,7 +61,7 @@ def _load_te() -> bool:
   """Whether TE's kernels compile here: in the environment `./setup.sh --gpu-compile-te` made, TE is
   loaded against the driver stub (`gpu_compile.te_libraries`); elsewhere TE is whatever `te.status()` finds."""
   from maxtext_moe.gpu_compile import te_libraries  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.te import calls as te  # pylint: disable=import-outside-toplevel
 
   if te_libraries.prepared():
     try:
@@ -119,7 +119,8 @@ def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[s
   """What the step asks the device while it is traced, answered for the target: cuDNN's attention checks,
   and where TE imports its compute capability and its NCCL EP group (the handle answered, by top-k, in
   `handles`)."""
-  from maxtext_moe.upstream import jax_backend, te_target  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import jax_backend  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.te import compile_target as te_target  # pylint: disable=import-outside-toplevel
 
   major, minor = target.gpu.compute_capability
 
@@ -153,8 +154,8 @@ def compile_recipe(
   limit, and XLA's latency-hiding scheduler fills it, host copies of offloaded state started early)."""
   from maxtext_moe.gpu_compile import report as compile_report  # pylint: disable=import-outside-toplevel
   from maxtext_moe.gpu_compile.peak import peak_live_set  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import compile as upstream_compile  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import compile as upstream_compile  # pylint: disable=import-outside-toplevel
 
   if not plugin_installed():
     raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")

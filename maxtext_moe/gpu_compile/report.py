@@ -27,7 +27,7 @@ def build(
 ) -> dict:
   """The report of one compiled step (`compiled`: jax.stages.Compiled, or `upstream.compile.HostStateProgram`,
   for `target`'s devices)."""
-  from maxtext_moe.upstream.compile import memory  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.compile import memory  # pylint: disable=import-outside-toplevel
 
   mem = memory(compiled)
   device = mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
@@ -71,7 +71,7 @@ def build(
 
 
 def _layout(cfg: Any, target: Any) -> list[int]:
-  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
 
   return list(mesh_sizes(cfg, target.devices).values())
 

@@ -8,7 +8,7 @@ attention stands in.
 
 from typing import Any
 
-from maxtext_moe.config.layout import dispatch_for
+from maxtext_moe.moe.layout import dispatch_for
 from maxtext_moe.moe.settings import DispatchKind, Platform
 
 

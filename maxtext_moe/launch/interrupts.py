@@ -15,7 +15,7 @@ import signal
 from collections.abc import Iterator
 
 from maxtext_moe import stderr
-from maxtext_moe.upstream.recovery import Recovery
+from maxtext_moe.upstream.maxtext.recovery import Recovery
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ def check(
   skipped."""
   from maxtext_moe.cluster import fit  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import for_recipe  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import trainer  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import trainer  # pylint: disable=import-outside-toplevel
 
   want = int(cfg.recipe_num_devices)
   try:

@@ -80,7 +80,7 @@ def unexpected(err: Exception, recorder: Any, checkpoint_dir: Path, command: str
   why = no_space(err)
   if why is None:
     return err
-  from maxtext_moe.upstream.recovery import remove_incomplete_saves  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.recovery import remove_incomplete_saves  # pylint: disable=import-outside-toplevel
 
   removed = remove_incomplete_saves(checkpoint_dir)
   saving = _SAVING.search(str(err))

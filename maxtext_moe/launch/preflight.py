@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from maxtext_moe.config import checks
-from maxtext_moe.config.layout import expert_nodes, expert_parallelism
 from maxtext_moe.config.quantization import quantization_name
 from maxtext_moe.errors import UserError
+from maxtext_moe.moe.layout import expert_nodes, expert_parallelism
 
 
 def _device_hint(cfg: Any, *, visible: int, processes: int) -> str:
@@ -77,7 +77,8 @@ def check_layout_divides(cfg: Any, *, num_devices: int) -> None:
   """Every parameter splits evenly over its mesh axes (else JAX refuses the train state with a traceback
   from inside MaxText): one line naming the tensor and the nearest layout that divides."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import config, model  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import model  # pylint: disable=import-outside-toplevel
 
   hp = config.hyperparameters(cfg)
   divisibility.check(hp, model.param_leaves(hp), num_devices)
@@ -115,7 +116,8 @@ def check_moe_path(cfg: Any) -> None:
   """The GPU fast path's requirements (TE, one GPU per process, the layout TE EP serves, FP8 support),
   checked once the backend is up and before anything is compiled: one line each, with the fix."""
   from maxtext_moe.moe import mesh_axes, settings  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import moe_layer, te  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import moe_layer  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.te import calls as te  # pylint: disable=import-outside-toplevel
 
   if str(cfg.moe_impl) == "maxtext" and getattr(cfg, "te_moe_block", False) and not te.status().available:
     raise UserError(f"te_moe_block=true needs Transformer Engine, which does not import here: {te.status().reason}")

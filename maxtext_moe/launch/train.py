@@ -207,7 +207,7 @@ def train(
   from maxtext_moe.pretrain import text
   from maxtext_moe.sft import prepare as sft
   from maxtext_moe.upstream import recipe as recipes
-  from maxtext_moe.upstream import trainer
+  from maxtext_moe.upstream.maxtext import trainer
 
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -239,8 +239,8 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
   """Runs the trainer with recovery installed and turns each early end into its one line (RunEnded)."""
   from maxtext_moe.launch import interrupts, outcome  # pylint: disable=import-outside-toplevel
   from maxtext_moe.moe.stats import CapacityOverflow, DroplessViolation  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import recovery  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.trainer import run_trainer  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import recovery  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.trainer import run_trainer  # pylint: disable=import-outside-toplevel
 
   def announce(line: str) -> None:
     if recorder.writer:

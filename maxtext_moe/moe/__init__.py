@@ -7,6 +7,7 @@
   dispatch.py     the `Dispatcher` contract: local, all_to_all, ragged_all_to_all
   block.py        `routed_experts` (dispatch -> experts -> combine) and `moe_block` (the same under shard_map)
   stats.py        per-step stats by name, from the jitted step to the run's metrics
+  layout.py       a config's parallelism layout as the block reads it: mesh degrees, EP, its nodes, the dispatch
 
 Shape legend used across this package: T tokens, K top-k, R = T*K routed rows, D model dim,
 F expert hidden dim, E experts, P ranks, M window rows.

@@ -141,7 +141,7 @@ def grouped_matmul(
 
     return tokamax.ragged_dot(rows_RD, w_EDF, group_sizes_E)
   if backend == GemmBackend.TE:
-    from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module: it imports nothing of ours
+    from maxtext_moe.upstream.te import calls as te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module: it imports nothing of ours
 
     return te.grouped_dense(rows_RD, w_EDF, group_sizes_E, quantization=str(quantization))
   raise ValueError(f"unknown grouped GEMM backend {backend!r}")

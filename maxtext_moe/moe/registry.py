@@ -16,7 +16,7 @@ from maxtext_moe.moe.dispatch import Dispatcher, ExpertParallelDispatcher, Local
 from maxtext_moe.moe.rounds import RoundsDispatcher
 from maxtext_moe.moe.settings import DispatchKind, MoESettings
 from maxtext_moe.moe.te_ep import TeEpDispatcher
-from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
+from maxtext_moe.upstream.te import calls as te  # the TE seam, a leaf module: it imports nothing of ours
 
 
 @dataclass(frozen=True)

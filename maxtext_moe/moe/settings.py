@@ -16,6 +16,13 @@ from enum import StrEnum
 from maxtext_moe.moe import mesh_axes
 
 
+class MoEImpl(StrEnum):
+  """Which code computes the routed experts."""
+
+  DROPLESS = "dropless"  # ours: maxtext_moe.moe, patched in at MaxText's sparse_matmul seam
+  MAXTEXT = "maxtext"  # MaxText's own sparse_matmul / dense_matmul
+
+
 class DispatchKind(StrEnum):
   """How routed tokens reach their experts' devices (each token sent once per destination rank)."""
 
@@ -69,7 +76,7 @@ def detect_platform() -> Platform:
   job (`upstream.te.ep_unready_reasons`). Starts the JAX backend."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from maxtext_moe.upstream import te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module
+  from maxtext_moe.upstream.te import calls as te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module
 
   name = jax.default_backend()
   gpu = name == "gpu"

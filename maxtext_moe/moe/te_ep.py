@@ -28,7 +28,7 @@ from maxtext_moe.moe import permute
 from maxtext_moe.moe.dispatch import Experts, Routing
 from maxtext_moe.moe.mesh_axes import check_te_ep_layout
 from maxtext_moe.moe.stats import DispatchStats
-from maxtext_moe.upstream import te  # the TE seam, a leaf module: it imports nothing of ours
+from maxtext_moe.upstream.te import calls as te  # the TE seam, a leaf module: it imports nothing of ours
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from maxtext_moe.config import nodes
-from maxtext_moe.config.layout import mesh_sizes
 from maxtext_moe.errors import UserError
+from maxtext_moe.moe.layout import mesh_sizes
 from maxtext_moe.planner.shards import mesh_axes_of
 
 

@@ -67,7 +67,7 @@ import dataclasses
 import math
 from typing import Any
 
-from maxtext_moe.config.layout import mesh_sizes
+from maxtext_moe.moe.layout import mesh_sizes
 from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, xla_buffers
 from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, tensor_ways

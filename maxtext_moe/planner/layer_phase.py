@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from maxtext_moe.config.layout import exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.buffers import EpBuffers, received_rows, routed_rows
+from maxtext_moe.moe.layout import exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.moe.settings import outputs_recomputed
 from maxtext_moe.planner import layer_weights, saved_activations, xla_buffers
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from maxtext_moe.config import hardware
 from maxtext_moe.config.hardware import Hardware
-from maxtext_moe.config.layout import check_resolved_dispatch, dispatch_for, mesh_sizes
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
+from maxtext_moe.moe.layout import check_resolved_dispatch, dispatch_for, mesh_sizes
 from maxtext_moe.planner import divisibility
 from maxtext_moe.planner.estimate import GIB, Estimate, estimate
 
@@ -223,7 +223,7 @@ def _leaves(path: str, overrides: tuple[str, ...]) -> list:
   """The parameter tree's leaves: their shapes do not depend on the layout, so it is traced once, on one
   device, per recipe and overrides (`plan --time` and the layout search ask again)."""
   from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import model as upstream_model  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import model as upstream_model  # pylint: disable=import-outside-toplevel
 
   one_device = upstream_config.resolved(path, [*overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
   return upstream_model.param_leaves(one_device)
@@ -251,7 +251,7 @@ def dispatch_kind(ctx: _Context, cfg: Any) -> str:
 
 
 def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
-  from maxtext_moe.upstream.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
 
   kind = dispatch_kind(ctx, cfg)
   total, _, _ = train_tflops_per_device(cfg)

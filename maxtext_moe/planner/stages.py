@@ -36,8 +36,8 @@ Read in MaxText's code (the pinned version):
   `pipeline_fsdp_ag_once` and `pipeline_fsdp_ag_per_repeat` are not modelled (counted as the default).
 
 Each iteration a stage runs num_layers_per_pipeline_stage layers (`NNXSequentialPipelineStage`), one remat
-region with each layer checkpointed from its input (`upstream/stage_remat.py`); in a circular pipeline
-(repeats > 1, which runs MoE layers too: `upstream/stage_records.py`) it visits each of its repeats'
+region with each layer checkpointed from its input (`upstream/pipeline/remat.py`); in a circular pipeline
+(repeats > 1, which runs MoE layers too: `upstream/pipeline/records.py`) it visits each of its repeats'
 layers once per microbatch, so a device stores repeats x layers per stage and the loop runs repeats x
 microbatches real iterations. Qwen3-MoE and Mixtral decoders pipeline their `layers` stack (every layer);
 those left out run after the pipeline, DeepSeek's before it.

@@ -13,7 +13,7 @@ trays) and across domains:
   MoE layers (`pipeline_parallel_layers`; the rest run outside the pipeline: before it in a DeepSeek
   decoder, MaxText's `_init_pipeline_deepseek`, after it in the others); once a layout fits, it is timed in
   1, 2 or 4 repeats (a circular pipeline's virtual stages: the largest multiple of stages x repeats
-  pipelined, `num_layers_per_pipeline_stage` of them per stage and repeat; `upstream/stage_records.py`)
+  pipelined, `num_layers_per_pipeline_stage` of them per stage and repeat; `upstream/pipeline/records.py`)
   and with microbatches the stages x 1, 2, 4 or 8 (MaxText's rule: a multiple of the stages dividing the
   batch) while a microbatch keeps a whole sequence per batch shard (`fitting.timed`);
 - the remat policy: full, or every matmul output kept but the experts';

@@ -79,7 +79,7 @@ class Layout:
 
 
 def _flops(cfg: Any, lay: Layout, tokens: int, layers: int, dense_layers: int) -> tuple[dict[str, float], float, float]:
-  from maxtext_moe.upstream.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
+  from maxtext_moe.upstream.maxtext.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
 
   total, weights, attention = train_tflops_per_device(cfg)
   routed, shared = expert_tflops_per_device(cfg)

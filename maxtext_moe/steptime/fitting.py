@@ -61,7 +61,7 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
   MaxText resolved). An offload that cannot fit by its state alone (`_state_floor`), or by what the
   estimate at half the batch (`half`) says of this one (`_doubled`), is not resolved; after one estimate,
   the next offload tried is the first its arithmetic says fits (`_offloaded_fits`)."""
-  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.memory_plan import _estimate, resolved  # pylint: disable=import-outside-toplevel
 
@@ -185,7 +185,7 @@ def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
 
 def _sequences_per_shard(ctx: Any, cfg: Any) -> int:
   """Sequences of the micro batch per shard of the activations' batch axes (no `stage`)."""
-  from maxtext_moe.config.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.estimate import batch_tokens  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner.shards import tensor_ways  # pylint: disable=import-outside-toplevel

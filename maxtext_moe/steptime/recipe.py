@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from maxtext_moe.config.layout import mesh_sides
+from maxtext_moe.moe.layout import mesh_sides
 from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance, from_run
 from maxtext_moe.steptime.model import Transfer, Workload
 from maxtext_moe.steptime.workload import workload

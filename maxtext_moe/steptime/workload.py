@@ -39,9 +39,9 @@ import dataclasses
 import math
 from typing import Any
 
-from maxtext_moe.config.layout import mesh_sides
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe.buffers import received_rows
+from maxtext_moe.moe.layout import mesh_sides
 from maxtext_moe.moe.levels import expected_nodes
 from maxtext_moe.moe.settings import DispatchKind
 from maxtext_moe.planner import saved_activations
@@ -121,7 +121,7 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
   """({class: FLOPs with recompute}, MaxText's TFLOPs, the shared experts' TFLOPs, attention's forward FLOPs
   (every run of it: all but the backward, which MaxText counts as two thirds of its attention), how the
   recompute was counted)."""
-  from maxtext_moe.upstream.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
+  from maxtext_moe.upstream.maxtext.compile import expert_tflops_per_device, train_tflops_per_device  # pylint: disable=C0415
 
   total, weights, attention = train_tflops_per_device(cfg)
   routed, shared = expert_tflops_per_device(cfg)

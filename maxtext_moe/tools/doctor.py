@@ -14,7 +14,7 @@ from maxtext_moe.moe.settings import (
   resolve_backend,
   resolve_dispatch,
 )
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream.te import calls as te
 
 
 def _gemm_why(choice: GemmBackend, platform: Platform) -> str:

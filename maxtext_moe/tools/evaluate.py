@@ -28,7 +28,7 @@ class Example:
 def examples(cfg: Any, split: str, limit: int | None) -> tuple[list[Example], Any]:
   """The split's conversations as (prompt, reference) token ids, and the tokenizer."""
   from maxtext_moe.sft import prepare as sft_data  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import sft  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import sft_data as sft  # pylint: disable=import-outside-toplevel
 
   sft_data.require(cfg, "eval")
   hf, _ = sft_data.checked_tokenizer(cfg)
@@ -80,7 +80,7 @@ def evaluate(cfg: Any, *, split: str = "eval", limit: int | None = None) -> dict
   """Completion loss and exact match of the checkpoint at load_parameters_path on `split`."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from maxtext_moe.upstream.model import Forward  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.model import Forward  # pylint: disable=import-outside-toplevel
 
   if not cfg.load_parameters_path:
     raise UserError("eval needs load_parameters_path=CKPT/items (a converted or trained checkpoint's parameters)")

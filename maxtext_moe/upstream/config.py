@@ -27,10 +27,10 @@ from maxtext.utils import max_utils
 
 from maxtext_moe.config import checks, layers, model_file, nodes, offload, stage_checks
 from maxtext_moe.config.keys import PluginKeys
-from maxtext_moe.config.layout import expert_parallelism
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.data import arithmetic, corpus
 from maxtext_moe.errors import UserError
+from maxtext_moe.moe.layout import expert_parallelism
 from maxtext_moe.upstream import model_yaml
 from maxtext_moe.upstream.derived import layer_value, node_layout, refuse_derived, vocab_from_tokenizer
 from maxtext_moe.upstream.patches import Patch, installed

@@ -9,9 +9,9 @@ from maxtext.configs import types
 
 from maxtext_moe.config import nodes
 from maxtext_moe.config.keys import PluginKeys
-from maxtext_moe.config.layout import DCN, ICI, SUFFIX
 from maxtext_moe.data import text
 from maxtext_moe.errors import UserError
+from maxtext_moe.moe.layout import DCN, ICI, SUFFIX
 
 # MaxText's derived keys that a user sets by mistake (MaxText overwrites them), with the key to set instead.
 _BASE_OF = {k: f"base_{k}" for k in ("emb_dim", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "num_query_heads")}

@@ -1,6 +1,8 @@
-"""A config's parallelism layout, read once: the degree of each mesh axis and the expert-parallel degree.
+"""A config's parallelism layout, read once: the degree of each mesh axis, the expert-parallel degree, the
+nodes it spans and the dispatch that serves it, as the MoE block, the checks and the planner read them.
 
-Every function takes a resolved config (any object with MaxText's attribute names). MaxText names its
+Every function takes a resolved config (any object with MaxText's attribute names), so this pure module
+sits with the MoE math and imports nothing above it. MaxText names its
 ICI degrees `ici_<axis>_parallelism` and its DCN (across slices) degrees `dcn_<axis>_parallelism`; -1 means
 "the devices left over", at most one per side.
 """

@@ -1,8 +1,8 @@
 """The Transformer Engine seam (transformer-engine 2.20.2, JAX side): its grouped GEMM and NCCL EP.
 
-Every TE call in maxtext_moe is in this module (or, for a compile without a GPU, in te_target.py, the stand-ins
+Every TE call in maxtext_moe is in this module (or, for a compile without a GPU, in compile_target.py, the stand-ins
 for what TE asks a device while a step is traced), and every one is checked by tests/test_te_contract.py
-against te_manifest.json: the signatures read from TE 2.20.2's own Python sources (the
+against manifest.json: the signatures read from TE 2.20.2's own Python sources (the
 `transformer_engine-2.20.2-py3-none-any.whl` wheel holds transformer_engine/jax/*.py; the
 transformer-engine-jax sdist holds only the C++ extension), written by scripts/pin_te.py. TE is imported
 lazily: without CUDA `import transformer_engine` raises RuntimeError, not ImportError (`status` keeps
@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-PINNED = "2.20.2"  # the TE whose Python API te_manifest.json records
+PINNED = "2.20.2"  # the TE whose Python API manifest.json records
 MIN_VERSION = (2, 20)  # older TE lacks this EP API (its signatures changed between minor releases)
 EP_ALIGNMENT = 128  # rows per local expert block in TE EP's receive buffer (NCCL EP HT's requirement)
 MIN_NCCL = (2, 30, 4)  # TE EP's NCCL requirement

@@ -1,18 +1,18 @@
-"""The TE manifest: every Transformer Engine function, class and attribute the TE seam uses (`upstream/te.py`
-and `upstream/te_target.py`, `SEAMS`), with its
+"""The TE manifest: every Transformer Engine function, class and attribute the TE seam uses (`upstream/te/calls.py`
+and `upstream/te/compile_target.py`, `SEAMS`), with its
 parameters as TE 2.20.2's own Python sources declare them.
 
 TE cannot be imported without CUDA (`import transformer_engine` raises RuntimeError), so neither the
 upstream manifest's `inspect.signature` nor an import check can guard this seam on CPU. Both sides are
 read as syntax trees instead (hand-written for that reason; `ast` is the standard library's):
-- `uses(source)`: every TE reference in te.py: the module aliases its `from transformer_engine... import`
+- `uses(source)`: every TE reference in calls.py: the module aliases its `from transformer_engine... import`
   lines bind, each call through them (positional count, keyword names) and each attribute read;
 - `te_sources.pin(read_source, targets)`: each target's parameters, read from the distribution's sources
   (scripts/pin_te.py runs it on the downloaded wheel; `transformer_engine-2.20.2-py3-none-any.whl` holds
   transformer_engine/jax/*.py, the `transformer_engine_jax` sdist only the C++ extension);
 - `violations(uses, manifest)`: calls TE would reject: a keyword it does not take, too many positional
   arguments, a required parameter left out, or a symbol it lacks.
-tests/test_te_contract.py runs the last one on te.py against te_manifest.json.
+tests/test_te_contract.py runs the last one on calls.py against manifest.json.
 """
 
 import ast
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from maxtext_moe.upstream.te_sources import (
+from maxtext_moe.upstream.te.sources import (
   KEYWORD_ONLY,
   POSITIONAL,
   POSITIONAL_ONLY,
@@ -31,10 +31,10 @@ from maxtext_moe.upstream.te_sources import (
 )
 
 ROOT = "transformer_engine"
-MANIFEST = Path(__file__).with_name("te_manifest.json")
-SEAM = Path(__file__).with_name("te.py")
-# The seam's files: te.py, and te_target.py (TE answered for a GPU that is not there, for compiles only).
-SEAMS = (SEAM, Path(__file__).with_name("te_target.py"))
+MANIFEST = Path(__file__).with_name("manifest.json")
+SEAM = Path(__file__).with_name("calls.py")
+# The seam's files: calls.py, and compile_target.py (TE answered for a GPU that is not there, for compiles only).
+SEAMS = (SEAM, Path(__file__).with_name("compile_target.py"))
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def load() -> dict[str, Any]:
   return json.loads(MANIFEST.read_text())
 
 
-# ---- our side: the uses in te.py ----
+# ---- our side: the uses in calls.py ----
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
@@ -119,7 +119,7 @@ def violations(found: list[Use], symbols: dict[str, Any], *, version: str) -> li
   problems = []
   for use in found:
     entry = symbols.get(use.target)
-    where = f"te.py:{use.line}"
+    where = f"calls.py:{use.line}"
     if entry is None:
       problems.append(f"{where}: {use.target} is not in TE {version} (renamed or removed?)")
       continue

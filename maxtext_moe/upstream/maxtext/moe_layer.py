@@ -19,14 +19,14 @@ from flax import nnx
 from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.config.keys import MoEImpl
-from maxtext_moe.config.layout import dispatch_for, exchange_chunks, expert_nodes, routing_groups
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
-from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoESettings, detect_platform, resolve_backend
+from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, routing_groups
+from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoEImpl, MoESettings, detect_platform, resolve_backend
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
-from maxtext_moe.upstream import pipeline, te
 from maxtext_moe.upstream.patches import Patch, original
+from maxtext_moe.upstream.pipeline import moe_stages as pipeline
+from maxtext_moe.upstream.te import calls as te
 
 
 def mesh_axis_sizes(cfg: Any) -> dict[str, int]:

@@ -33,10 +33,11 @@ from maxtext.utils import max_utils, maxtext_utils, train_utils
 
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream import moe_layer, pipeline, recovery
 from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
-from maxtext_moe.upstream.model import model_patches
+from maxtext_moe.upstream.maxtext import moe_layer, recovery
+from maxtext_moe.upstream.maxtext.model import model_patches
 from maxtext_moe.upstream.patches import Method, Patch, installed, original
+from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 
 
 class RunHooks(Protocol):

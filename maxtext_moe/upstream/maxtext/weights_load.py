@@ -35,8 +35,9 @@ import numpy as np
 from flax import nnx
 from maxtext.common import checkpointing
 
-from maxtext_moe.upstream import orbax, stage_load
+from maxtext_moe.upstream import orbax
 from maxtext_moe.upstream.patches import Patch, original
+from maxtext_moe.upstream.pipeline import flat_load as stage_load
 
 AUX = ("nnx_aux", "model")  # where a training checkpoint keeps the model's variables that are not Params
 

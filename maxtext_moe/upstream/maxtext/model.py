@@ -25,8 +25,10 @@ from maxtext.layers import moe as mt_moe
 from maxtext.models import models
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.upstream import mesh, mla_norm, moe_layer, orbax, pipeline, weights_load
+from maxtext_moe.upstream import orbax
+from maxtext_moe.upstream.maxtext import mesh, mla_norm, moe_layer, weights_load
 from maxtext_moe.upstream.patches import Patch, installed
+from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 
 # A one-device layout, for work that only traces shapes (checkpoint conversion, the planner's parameter tree).
 ONE_DEVICE_OVERRIDES = [

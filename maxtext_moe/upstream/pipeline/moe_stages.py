@@ -34,8 +34,9 @@ from maxtext.trainers.pre_train import train
 from maxtext.utils import pipeline_utils, sharding
 
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX, MAX_STATS
-from maxtext_moe.upstream import stage_records, stage_remat
 from maxtext_moe.upstream.patches import Patch, original
+from maxtext_moe.upstream.pipeline import records as stage_records
+from maxtext_moe.upstream.pipeline import remat as stage_remat
 
 STAGE = "stage"  # MaxText's pipeline mesh axis, its stages' vmap `spmd_axis_name`
 MODULE = "pipeline_module"  # the decoder's attribute holding the pipelined layers

@@ -2,7 +2,7 @@
 raises RuntimeError on import without CUDA): `pin(read, targets)` finds each "module:Qual.name" target by
 following definitions, `from X import name`, `from X import *` and `name = module.Name` re-exports, and
 records its parameters as inspect would name them. Hand-written on the standard library's `ast` for that
-reason. scripts/pin_te.py writes te_manifest.json with it; te_manifest checks our calls against that.
+reason. scripts/pin_te.py writes manifest.json with it; manifest.py checks our calls against that.
 """
 
 import ast

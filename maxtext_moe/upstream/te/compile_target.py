@@ -1,7 +1,7 @@
 """Transformer Engine answered for a GPU that is not there: the stand-ins `maxtext-moe compile` needs in a
 process that compiles TE's kernels for a target (`.venv-te`, `gpu_compile.te_libraries` loads the
-libraries first). Nothing else enters these contexts; `train` never does. Checked with te.py against
-te_manifest.json (tests/test_te_contract.py).
+libraries first). Nothing else enters these contexts; `train` never does. Checked with calls.py against
+manifest.json (tests/test_te_contract.py).
 
 - `for_target(sm)`: TE's C++ `get_device_compute_capability` answers the target's SM (90 for Hopper, 100
   for Blackwell) in every TE module that imported it by name, and TE's cached answers are cleared, while
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from maxtext_moe.upstream import te
+from maxtext_moe.upstream.te import calls as te
 
 
 @contextlib.contextmanager

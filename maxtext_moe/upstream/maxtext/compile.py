@@ -28,9 +28,10 @@ from flax.linen import partitioning as nn_partitioning
 from maxtext.trainers.pre_train import train, train_compile
 from maxtext.utils import maxtext_utils, sharding
 
-from maxtext_moe.upstream import moe_layer, pipeline
-from maxtext_moe.upstream.model import model_patches
+from maxtext_moe.upstream.maxtext import moe_layer
+from maxtext_moe.upstream.maxtext.model import model_patches
 from maxtext_moe.upstream.patches import Patch, installed
+from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 
 
 def train_tflops_per_device(cfg: Any) -> tuple[float, float, float]:
