@@ -52,8 +52,8 @@ def compile_report(
 
 
 @pytest.fixture(scope="session")
-def upstream_config():
-  """maxtext_moe.upstream.config: config resolution through MaxText."""
-  from maxtext_moe.upstream import config
+def resolution():
+  """maxtext_moe.upstream.resolution: a recipe resolved through MaxText."""
+  from maxtext_moe.upstream import resolution
 
-  return config
+  return resolution

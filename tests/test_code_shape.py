@@ -181,3 +181,14 @@ def test_readme_is_short_and_points_into_docs():
   assert len(lines) <= README_MAX_LINES
   linked = set(re.findall(r"\(docs/([\w-]+\.md)\)", "\n".join(lines)))
   assert linked == {p.name for p in (REPO / "docs").glob("*.md")}, "README's map of docs/ names every page"
+
+
+def test_upstream_reaches_our_config_only_through_the_resolution_pipeline():
+  """A recipe resolves in one direction (upstream/resolution.py, steps 1-7, config/ and MaxText's pieces as
+  leaves): no other module under upstream/ imports config/, and upstream/ keeps its concerns in
+  subpackages, ten modules at most at its top."""
+  upstream = PACKAGE / "upstream"
+  importers = sorted(str(p.relative_to(upstream)) for p in upstream.rglob("*.py") if "config" in _our_imports(p))
+  assert importers == ["resolution.py"]
+  top = sorted(p.name for p in upstream.glob("*.py"))
+  assert len(top) <= 10, top

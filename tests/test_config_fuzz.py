@@ -19,7 +19,7 @@ OmegaConf's merge), a base_config chain that comes back to itself (RecursionErro
 ValueError when the model is traced) and `attention=flash` on CPU (NotImplementedError at trace time);
 each is now one line (config/layers.py, checks.check_attention_kernel, preflight.check_platform).
 Round four added the typed values (TYPED: 123 cases over the integer and float keys, 14 in the default
-suite) and found `steps=0`/`-1` (MaxText's assertion once its trainer ran: now `upstream.trainer.validate`
+suite) and found `steps=0`/`-1` (MaxText's assertion once its trainer ran: now `upstream.maxtext.trainer.validate`
 before anything is written) and `max_target_length=0`/`-3` (numpy errors from inside the model:
 `checks.check_sequence_length`).
 """

@@ -27,11 +27,11 @@ def _fake_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("name", ALL_RECIPES)
-def test_recipe_resolves_and_validates(name, upstream_config, tmp_path):
+def test_recipe_resolves_and_validates(name, resolution, tmp_path):
   """Config resolution only: nothing is allocated, so the 671B recipes are checked on CPU too."""
   finetune = name.endswith(("-finetune", "-sft"))
   overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
-  cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
+  cfg = resolution.resolve(recipes.recipe_path(name), overrides)
   assert cfg.finetune == finetune
   model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft").removesuffix("-nvidia")
   assert cfg.model_name == model
@@ -51,15 +51,15 @@ CONFIG_FILES = sorted(p for p in CONFIGS.rglob("*.yml") if "flags" not in p.rela
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))
-def test_every_yaml_parses_and_uses_known_keys(path, upstream_config):
+def test_every_yaml_parses_and_uses_known_keys(path, resolution):
   data = yaml.safe_load(path.read_text())
   assert isinstance(data, dict) and data
-  unknown = set(data) - set(upstream_config.MoEMaxTextConfig.model_fields)
+  unknown = set(data) - set(resolution.MoEMaxTextConfig.model_fields)
   assert unknown == set()
 
 
 @pytest.mark.ci
-def test_a_recipe_key_its_model_file_also_sets_wins_and_the_command_line_is_still_checked(tmp_path, upstream_config):
+def test_a_recipe_key_its_model_file_also_sets_wins_and_the_command_line_is_still_checked(tmp_path, resolution):
   """MaxText merges models/<model_name>.yml over the recipe, so n_routing_groups: -1 in a recipe for
   deepseek3-671b (whose model file says 8) trained with 8 and said nothing. The recipe wins now; a
   command-line key the model file sets is still refused unless override_model_config=true, as MaxText does."""
@@ -70,26 +70,26 @@ def test_a_recipe_key_its_model_file_also_sets_wins_and_the_command_line_is_stil
   recipe.write_text(
     f"base_config: {base}\nn_routing_groups: -1\ntopk_routing_group: -1\nrouted_bias_update_rate: 0.0\n"
   )
-  cfg = upstream_config.resolve(recipe, [])
+  cfg = resolution.resolve(recipe, [])
   assert (cfg.n_routing_groups, cfg.topk_routing_group, cfg.routed_bias_update_rate) == (-1, -1, 0.0)
-  assert upstream_config.resolve(base, []).n_routing_groups == 8, "the shipped recipe keeps its model's value"
+  assert resolution.resolve(base, []).n_routing_groups == 8, "the shipped recipe keeps its model's value"
   with pytest.raises(UserError, match=r"Keys \['num_experts'\] are overridden by both model config and CLI"):
-    upstream_config.resolve(recipe, ["num_experts=128"])
-  assert upstream_config.resolve(recipe, ["num_experts=128", "override_model_config=true"]).num_experts == 128
-  nvidia = upstream_config.layer_keys(recipes.recipe_path("gb300x128/deepseek3-671b-nvidia"), [])
+    resolution.resolve(recipe, ["num_experts=128"])
+  assert resolution.resolve(recipe, ["num_experts=128", "override_model_config=true"]).num_experts == 128
+  nvidia = resolution.layer_keys(recipes.recipe_path("gb300x128/deepseek3-671b-nvidia"), [])
   assert nvidia.recipe_over_model == ["routed_bias_update_rate=0.0", "n_routing_groups=-1", "topk_routing_group=-1"]
 
 
-def test_finetune_recipe_refuses_to_start_from_random_weights(upstream_config, tmp_path):
+def test_finetune_recipe_refuses_to_start_from_random_weights(resolution, tmp_path):
   from maxtext_moe.errors import UserError
 
   path = recipes.recipe_path("cpu/deepseek3-tiny-finetune")
   with pytest.raises(UserError, match="finetune=true needs weights to start from: set load_parameters_path"):
-    upstream_config.resolve(path, [])
+    resolution.resolve(path, [])
   with pytest.raises(UserError, match="does not exist"):
-    upstream_config.resolve(path, [f"load_parameters_path={tmp_path / 'nope'}"])
+    resolution.resolve(path, [f"load_parameters_path={tmp_path / 'nope'}"])
   with pytest.raises(UserError, match="is not an Orbax checkpoint"):
-    upstream_config.resolve(path, [f"load_parameters_path={tmp_path}"])
+    resolution.resolve(path, [f"load_parameters_path={tmp_path}"])
 
 
 def test_every_model_file_is_used_by_a_recipe():
@@ -100,8 +100,8 @@ def test_every_model_file_is_used_by_a_recipe():
   assert {p.stem for p in MODEL_FILES} <= used
 
 
-def test_deepseek_v3_671b_hyperparameters(upstream_config):
-  cfg = upstream_config.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), [])
+def test_deepseek_v3_671b_hyperparameters(resolution):
+  cfg = resolution.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), [])
   assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_experts) == (256, 8, 1)
   assert (cfg.n_routing_groups, cfg.topk_routing_group) == (8, 4)
   assert cfg.routed_score_func == "sigmoid" and cfg.routed_bias
@@ -111,22 +111,22 @@ def test_deepseek_v3_671b_hyperparameters(upstream_config):
   assert (cfg.moe_mlp_dim, cfg.vocab_size, cfg.mtp_num_layers) == (2048, 129280, 1)
 
 
-def test_our_model_file_shadows_maxtexts(upstream_config):
+def test_our_model_file_shadows_maxtexts(resolution):
   """MaxText's own deepseek3-tiny has 61 layers and a 129k vocab; ours must win."""
-  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
+  cfg = resolution.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
   assert (cfg.num_decoder_layers, cfg.vocab_size) == (4, 32000)
 
 
-def test_proxy_is_about_16b_parameters(upstream_config):
-  cfg = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+def test_proxy_is_about_16b_parameters(resolution):
+  cfg = resolution.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
   d, f, moe_layers = cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_decoder_layers - cfg.first_num_dense_layers
   experts = moe_layers * (cfg.num_experts + cfg.shared_experts) * 3 * d * f
   embeddings = 2 * cfg.vocab_size * d
   assert 14e9 < experts + embeddings < 17e9
 
 
-def test_overrides_win_over_the_recipe(upstream_config):
-  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["steps=7", "learning_rate=1e-4"])
+def test_overrides_win_over_the_recipe(resolution):
+  cfg = resolution.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["steps=7", "learning_rate=1e-4"])
   assert (cfg.steps, cfg.learning_rate) == (7, 1e-4)
 
 
@@ -141,16 +141,16 @@ def test_config_command_reports_changes_vs_maxtext():
   assert "dump_hlo_xla_flags" not in parsed["changed_vs_maxtext"], "MaxText's HLO-dump default stays off"
 
 
-def test_the_value_none_of_an_enum_key_that_has_it_is_that_member(upstream_config):
+def test_the_value_none_of_an_enum_key_that_has_it_is_that_member(resolution):
   """MaxText turns the string none into None before our keys are validated: moe_gemm_quantization=none
   (bf16, the documented value) was refused as 'got None'."""
   from maxtext_moe.moe.settings import GemmQuantization
 
-  cfg = upstream_config.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["moe_gemm_quantization=none"])
+  cfg = resolution.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), ["moe_gemm_quantization=none"])
   assert cfg.moe_gemm_quantization == GemmQuantization.NONE
 
 
-def test_a_recipe_path_in_another_copy_of_configs(tmp_path, monkeypatch, upstream_config):
+def test_a_recipe_path_in_another_copy_of_configs(tmp_path, monkeypatch, resolution):
   """A second clone run with this package (its .venv linked to the first): a shipped recipe given by its
   path in that clone's configs/ was refused as 'not layered on maxtext-moe's base', so its runs could not be
   resumed, evaluated or exported from there. Where the files it is read from are the same as ours, it is our
@@ -162,7 +162,7 @@ def test_a_recipe_path_in_another_copy_of_configs(tmp_path, monkeypatch, upstrea
   shutil.copytree(CONFIGS, copy, symlinks=True)
   tiny, ours = copy / "recipes" / "cpu" / "deepseek3-tiny.yml", recipes.configs_dir().resolve()
   assert recipes.recipe_path(str(tiny)) == ours / "recipes" / "cpu" / "deepseek3-tiny.yml"
-  assert upstream_config.layer_keys(recipes.recipe_path(str(tiny)), []).plugin.recipe_hardware == "cpu"
+  assert resolution.layer_keys(recipes.recipe_path(str(tiny)), []).plugin.recipe_hardware == "cpu"
   mine = copy / "recipes" / "cpu" / "mine.yml"
   mine.write_text("base_config: ${moe_configs:recipes/cpu/deepseek3-tiny.yml}\nsteps: 3\n")
   assert recipes.recipe_path(str(mine)) == mine
@@ -184,11 +184,11 @@ def test_a_recipe_path_in_another_copy_of_configs(tmp_path, monkeypatch, upstrea
   outside = tmp_path / "outside.yml"
   outside.write_text(f"base_config: {tiny}\nsteps: 3\n")
   with pytest.raises(UserError) as e:
-    upstream_config.layer_keys(recipes.recipe_path(str(outside)), [])
+    resolution.layer_keys(recipes.recipe_path(str(outside)), [])
   assert str(e.value) == (
     f"{outside} is layered on another copy of configs/ ({copy}); this maxtext-moe reads {CONFIGS}: set "
     "MAXTEXT_MOE_CONFIGS to that copy to use it, or base the file on ${moe_configs:recipes/HW/MODEL.yml}"
   )
   monkeypatch.setenv("MAXTEXT_MOE_CONFIGS", str(copy))
   assert recipes.recipe_path(str(mine)) == mine
-  assert upstream_config.layer_keys(mine, []).plugin.recipe_hardware == "cpu"
+  assert resolution.layer_keys(mine, []).plugin.recipe_hardware == "cpu"

@@ -38,22 +38,22 @@ def converted(tmp_path_factory):
   }
 
 
-def _logits(upstream_config, items_path, tokens, mtp=1):
+def _logits(resolution, items_path, tokens, mtp=1):
   from maxtext_moe.upstream.maxtext.model import load_and_forward
 
   # 8 fake devices shard the batch 8 ways: repeat the 2 reference rows to 8 and keep the first 2.
   batch = np.tile(tokens, (4, 1))
   config = str(REPO / "configs" / "recipes" / "cpu" / "deepseek3-tiny.yml")
   overrides = [*SHAPE, *F32, f"mtp_num_layers={mtp}", "per_device_batch_size=1", f"max_target_length={tokens.shape[1]}"]
-  cfg = upstream_config.resolved(config, overrides)
+  cfg = resolution.resolved(config, overrides)
   return np.asarray(load_and_forward(cfg, items_path, batch))[: tokens.shape[0]]
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp8"])
-def test_logits_match_transformers(variant, converted, upstream_config):
+def test_logits_match_transformers(variant, converted, resolution):
   """The converted checkpoint in MaxText (with our MoE block) gives transformers' logits; the FP8 variant
   gives the logits of its bf16-dequantized weights."""
-  got = _logits(upstream_config, converted[variant]["load_parameters_path"], REF["tokens"])
+  got = _logits(resolution, converted[variant]["load_parameters_path"], REF["tokens"])
   want = REF[f"logits_{variant}"]
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
   other = REF["logits_fp8" if variant == "bf16" else "logits_bf16"]
@@ -107,7 +107,7 @@ def _cross_entropy(logits, targets):
 
 
 @pytest.mark.extended
-def test_finetune_starts_at_the_reference_models_loss(tmp_path, upstream_config):
+def test_finetune_starts_at_the_reference_models_loss(tmp_path, resolution):
   """The whole loop the README shows, with the model read from config.json: convert (no --model), two
   fine-tuning steps on MaxText's synthetic batch with model_file=OUT/model.yml, export (no --model: the run
   kept the model.yml). The first loss is the converted model's own loss on that batch (whose logits match
@@ -134,7 +134,7 @@ def test_finetune_starts_at_the_reference_models_loss(tmp_path, upstream_config)
   # under the trainer's jax_default_prng_impl=unsafe_rbg (trainers/pre_train/train.py).
   key = jax.random.key(0, impl="unsafe_rbg")
   tokens = np.asarray(jax.random.randint(key, (2, 25), 0, 256, dtype=np.int32))
-  logits = _logits(upstream_config, ckpt["load_parameters_path"], tokens[:, :-1], mtp=0)
+  logits = _logits(resolution, ckpt["load_parameters_path"], tokens[:, :-1], mtp=0)
   reference = _cross_entropy(logits, tokens[:, 1:])
   assert first["ft"] == pytest.approx(reference, abs=1e-5)
   assert abs(first["scratch"] - reference) > 1.0

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def _logits(out: Path, tokens: np.ndarray) -> np.ndarray:
   """MaxText's logits (our MoE block) for the converted checkpoint OUT, its model from OUT/model.yml."""
   from maxtext_moe.checkpoint.model_spec import from_model_yaml
-  from maxtext_moe.upstream.config import resolved
   from maxtext_moe.upstream.maxtext.model import ONE_DEVICE_OVERRIDES, load_and_forward
+  from maxtext_moe.upstream.resolution import resolved
 
   batch = np.tile(tokens, (4, 1))  # conftest's 8 devices shard the batch: 8 rows, the first 2 compared
   spec = from_model_yaml(out / "model.yml", [*F32, "per_device_batch_size=1", f"max_target_length={tokens.shape[1]}"])
@@ -151,16 +151,16 @@ def test_dtype_rules_in_both_directions(tmp_path):
   assert any(n.endswith("input_layernorm.weight") for n in out.tensors), "norms are checked too"
 
 
-def test_model_yaml_is_a_model_file_for_any_recipe(tmp_path, upstream_config):
+def test_model_yaml_is_a_model_file_for_any_recipe(tmp_path, resolution):
   convert.hf_to_maxtext(str(FIXTURES / "kimi_k2_instruct"), None, str(tmp_path / "out"))
   model_yml = tmp_path / "out" / "model.yml"
-  cfg = upstream_config.resolve(REPO / "configs/recipes/h200x8/deepseek3-proxy-16b.yml", [f"model_file={model_yml}"])
+  cfg = resolution.resolve(REPO / "configs/recipes/h200x8/deepseek3-proxy-16b.yml", [f"model_file={model_yml}"])
   assert (cfg.num_experts, cfg.routed_scaling_factor, cfg.rope_factor, cfg.beta_fast) == (16, 2.827, 32, 1)
   assert (cfg.ici_expert_parallelism, cfg.ici_fsdp_parallelism) == (2, 4), "the layout stays the recipe's"
   bad = tmp_path / "bad.yml"
   bad.write_text(model_yml.read_text() + "learning_rate: 0.1\n")
   with pytest.raises(UserError, match="sets learning_rate, which are not model keys"):
-    upstream_config.resolve(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [f"model_file={bad}"])
+    resolution.resolve(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [f"model_file={bad}"])
 
 
 @pytest.mark.ci

@@ -152,7 +152,7 @@ def test_a_recipe_of_the_other_family_is_refused_with_the_differences(tmp_path):
 
 @pytest.mark.extended
 @pytest.mark.parametrize("name", FAMILIES)
-def test_finetune_starts_at_the_converted_models_loss(name, tmp_path, upstream_config):
+def test_finetune_starts_at_the_converted_models_loss(name, tmp_path, resolution):
   """convert (no --model), two steps of the CPU fine-tuning recipe with model_file=OUT/model.yml (the
   layout the recipe's, the model the checkpoint's): the first loss is the converted model's own on
   MaxText's synthetic batch, far from a fresh model's; then the export finds the model by itself."""

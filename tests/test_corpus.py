@@ -55,24 +55,24 @@ def _keys(corpus) -> list[str]:
   ]
 
 
-def test_vocab_size_comes_from_the_tokenizer(corpus, upstream_config):
-  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
+def test_vocab_size_comes_from_the_tokenizer(corpus, resolution):
+  cfg = resolution.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
   assert tokenizer_size(str(corpus[1])) == 300 and cfg.vocab_size == 384 == vocab_for(300)
   with pytest.raises(UserError, match="vocab_from_tokenizer=true sizes the vocabulary from the tokenizer"):
-    upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus), "vocab_size=512"])
+    resolution.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus), "vocab_size=512"])
   with pytest.raises(UserError, match="is for training from scratch"):
-    upstream_config.resolve(recipe_path("cpu/deepseek3-tiny-finetune"), _keys(corpus))
+    resolution.resolve(recipe_path("cpu/deepseek3-tiny-finetune"), _keys(corpus))
 
 
-def test_a_tokenizer_larger_than_the_vocabulary_is_refused(corpus, upstream_config):
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(corpus, resolution):
   keys = [k for k in _keys(corpus) if not k.startswith("vocab_from")] + ["vocab_size=256", "override_model_config=true"]
-  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
+  cfg = resolution.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
   with pytest.raises(UserError, match="has 300 tokens but the model's vocab_size is 256: .*vocab_from_tokenizer=true"):
     text.check_vocab(cfg)
 
 
-def test_jsonl_is_staged_as_parquet_once_with_every_row_kept(corpus, upstream_config):
-  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
+def test_jsonl_is_staged_as_parquet_once_with_every_row_kept(corpus, resolution):
+  cfg = resolution.resolve(recipe_path("cpu/deepseek3-tiny"), _keys(corpus))
   ready = text.prepare(cfg)
   assert ready.grain_file_type == "parquet" and ready.grain_train_files.endswith("*.parquet")
   (staged,) = __import__("glob").glob(ready.grain_train_files)
@@ -89,24 +89,24 @@ def test_jsonl_is_staged_as_parquet_once_with_every_row_kept(corpus, upstream_co
     ("not json\n", r"corpus.jsonl line 1: not valid JSON"),
   ],
 )
-def test_bad_rows_are_one_line_naming_the_file_and_line(content, expected, corpus, upstream_config, tmp_path):
+def test_bad_rows_are_one_line_naming_the_file_and_line(content, expected, corpus, resolution, tmp_path):
   bad = tmp_path / "corpus.jsonl"
   bad.write_text(content)
   keys = [*_keys(corpus)[1:], f"grain_train_files={bad}"]
-  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
+  cfg = resolution.resolve(recipe_path("cpu/deepseek3-tiny"), keys)
   with pytest.raises(UserError, match=expected):
     text.prepare(cfg)
 
 
-def test_a_parquet_column_of_the_wrong_name_or_kind_is_refused(corpus, upstream_config, tmp_path):
+def test_a_parquet_column_of_the_wrong_name_or_kind_is_refused(corpus, resolution, tmp_path):
   wrong = tmp_path / "ids.parquet"
   pq.write_table(pa.table({"text": pa.array([[1, 2, 3]], type=pa.list_(pa.int32()))}), wrong)
-  cfg = upstream_config.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}"])
+  cfg = resolution.resolve(recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}"])
   with pytest.raises(
     UserError, match="column 'text' holds list<element: int32>, not text; for token ids set tokenize_train_data=false"
   ):
     text.prepare(cfg)
-  cfg = upstream_config.resolve(
+  cfg = resolution.resolve(
     recipe_path("cpu/deepseek3-tiny"), [*_keys(corpus)[1:], f"grain_train_files={wrong}", "train_data_columns=[body]"]
   )
   with pytest.raises(UserError, match="has no 'body' column \\(columns: text\\); set train_data_columns"):

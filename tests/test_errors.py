@@ -34,9 +34,9 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
     (["checkpoint_dir=/x"], "checkpoint_dir is derived by MaxText from other keys and would be ignored; it cannot"),
   ],
 )
-def test_bad_overrides_raise_one_line(overrides, expected, upstream_config):
+def test_bad_overrides_raise_one_line(overrides, expected, resolution):
   with pytest.raises(UserError) as e:
-    upstream_config.resolve(TINY, overrides)
+    resolution.resolve(TINY, overrides)
   assert expected in str(e.value)
   assert "\n" not in str(e.value)
 
@@ -46,8 +46,8 @@ def test_misspelled_recipe_suggests_the_closest():
     recipes.recipe_path("cpu/deepseek3-tini")
 
 
-def test_device_count_must_match_the_recipe(upstream_config):
-  cfg = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
+def test_device_count_must_match_the_recipe(resolution):
+  cfg = resolution.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), [])
   with pytest.raises(UserError, match="recipe lays out 1 node\\(s\\), 8 devices but 1 are visible"):
     check_visible_devices(cfg, visible=1)
   check_visible_devices(cfg, visible=8)
@@ -59,13 +59,13 @@ def test_device_count_must_match_the_recipe(upstream_config):
     UserError, match="16 are visible to 16 processes; the job has 2 node\\(s\\) of 8 GPUs: pass --nodes 2"
   ):
     check_visible_devices(cfg, visible=16, processes=16)
-  two = upstream_config.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), ["nodes=2"])
+  two = resolution.resolve(recipes.recipe_path("h200x8/deepseek3-proxy-16b"), ["nodes=2"])
   assert (two.recipe_num_devices, two.num_slices, two.dcn_data_parallelism) == (16, 2, -1)
   check_visible_devices(two, visible=16, processes=16)
 
 
-def test_ragged_dispatch_is_refused_on_cpu(upstream_config):
-  cfg = upstream_config.resolve(TINY, ["moe_dispatch=ragged_all_to_all"])
+def test_ragged_dispatch_is_refused_on_cpu(resolution):
+  cfg = resolution.resolve(TINY, ["moe_dispatch=ragged_all_to_all"])
   with pytest.raises(
     UserError, match="needs a GPU or TPU .XLA:CPU has no ragged-all-to-all.; use moe_dispatch=all_to_all"
   ):
@@ -73,8 +73,8 @@ def test_ragged_dispatch_is_refused_on_cpu(upstream_config):
   check_platform(cfg, platform="gpu")
 
 
-def test_fixed_layout_must_equal_the_device_count(upstream_config):
-  cfg = upstream_config.resolve(TINY, ["ici_fsdp_parallelism=4"])
+def test_fixed_layout_must_equal_the_device_count(resolution):
+  cfg = resolution.resolve(TINY, ["ici_fsdp_parallelism=4"])
   with pytest.raises(UserError, match="ici_\\*_parallelism product is 4 but must equal the 8 devices per slice"):
     check_visible_devices(cfg, visible=8)
   check_visible_devices(cfg, visible=4)

@@ -22,9 +22,9 @@ def fresh_probe_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", recipes.list_recipes())
-def test_every_recipe_resolves_its_profile(name, upstream_config):
+def test_every_recipe_resolves_its_profile(name, resolution):
   overrides = ["finetune=false"] if name.endswith(("-finetune", "-sft")) else []  # no checkpoint needed here
-  cfg = upstream_config.resolve(recipes.recipe_path(name), overrides)
+  cfg = resolution.resolve(recipes.recipe_path(name), overrides)
   got = flags.for_config(cfg)
   if name.startswith("cpu/"):
     profile_only = flags.for_config(cfg, keep_process_flags=False)
@@ -66,9 +66,9 @@ def test_bad_flag_is_named_with_the_jaxlib_version(flag, message):
   assert f"XLA flag {flag} {message} {version('jaxlib')}" in str(e.value)
 
 
-def test_extra_flags_replace_the_profiles_and_env_extra_adds(upstream_config, monkeypatch):
+def test_extra_flags_replace_the_profiles_and_env_extra_adds(resolution, monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)
-  cfg = upstream_config.resolve(
+  cfg = resolution.resolve(
     recipes.recipe_path("gb200-nvl72/deepseek3-671b"),
     ["xla_flags_extra=[--xla_gpu_experimental_parallel_collective_overlap_limit=4]", "env_extra=[NCCL_DEBUG=INFO]"],
   )
@@ -77,9 +77,7 @@ def test_extra_flags_replace_the_profiles_and_env_extra_adds(upstream_config, mo
   assert limits == ["--xla_gpu_experimental_parallel_collective_overlap_limit=4"]
   assert got.env["NCCL_DEBUG"] == "INFO" and got.env["NCCL_MNNVL_ENABLE"] == "1"
   with pytest.raises(UserError, match="is not of the form --xla_name=value"):
-    flags.for_config(
-      upstream_config.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), ["xla_flags_extra=[oops]"])
-    )
+    flags.for_config(resolution.resolve(recipes.recipe_path("gb200-nvl72/deepseek3-671b"), ["xla_flags_extra=[oops]"]))
 
 
 def test_flags_command_prints_valid_shell(tmp_path):

@@ -238,15 +238,16 @@ def test_the_flagship_layout_is_refused_at_72_gpus_as_jax_refuses_it():
   code = (
     "import os, sys; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
     "from maxtext_moe.gpu_compile import command as c\n"
-    "from maxtext_moe.upstream import compile as uc, recipe, config\n"
+    "from maxtext_moe.upstream.maxtext import compile as uc\n"
+    "from maxtext_moe.upstream import resolution\n"
     "from maxtext_moe.config import hardware\n"
     "from maxtext_moe.upstream.patches import Patch, installed\n"
     "from maxtext.trainers.pre_train import train_compile\n"
     "from maxtext.utils import maxtext_utils\n"
     "n, fsdp = int(sys.argv[1]), sys.argv[2]\n"
-    "r = recipe.read('gb200-nvl72/deepseek3-671b', [f'nodes={n // 4}', f'ici_fsdp_parallelism={fsdp}',\n"
+    "r = resolution.read('gb200-nvl72/deepseek3-671b', [f'nodes={n // 4}', f'ici_fsdp_parallelism={fsdp}',\n"
     "  'skip_jax_distributed_system=true', 'internal_compile=true', f'internal_compile_num_devices={n}'])\n"
-    "cfg = config.hyperparameters(r.resolve())\n"
+    "cfg = resolution.hyperparameters(r.resolve())\n"
     "target = hardware.target_config(hardware.GPUS['gb200'])\n"
     "devs = uc.gpu_topology(target, partitions=1, hosts_per_partition=n, devices_per_host=1)\n"
     "mesh = uc.topology_mesh(cfg, devs, devices_per_partition=n)\n"
@@ -390,9 +391,9 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
   NCCL EP stay (MXFP8 with it); what goes is MaxText's TE block (its EP bootstrap is MaxText's) and cuDNN's
   attention, which needs a device while tracing."""
   from maxtext_moe.gpu_compile.stand_ins import substitutions
-  from maxtext_moe.upstream import recipe as recipes
+  from maxtext_moe.upstream import resolution
 
-  r = recipes.read(recipe, [], keep_process_flags=False)
+  r = resolution.read(recipe, [], keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
   assert extra == want
   assert len(said) == (3 if recipe.endswith("nvidia") else 5), said  # ours: te, its MXFP8, te_ep, FP8, cuDNN
@@ -416,16 +417,18 @@ def test_under_pipeline_stages_attention_stands_in_as_dot_product():
   query head (192): under the stages' vmap the compile stands in dot_product, and says so. TE's NCCL EP does
   not run under stages, so its stand-in (all_to_all at worst-case buffers) is not made there."""
   from maxtext_moe.gpu_compile.stand_ins import substitutions
-  from maxtext_moe.upstream import recipe as recipes
+  from maxtext_moe.upstream import resolution
 
   stages = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2"]
-  r = recipes.read("h100x8/deepseek3-proxy-16b", stages, keep_process_flags=False)
+  r = resolution.read("h100x8/deepseek3-proxy-16b", stages, keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
   assert "attention=dot_product" in extra and "attention=cudnn_flash_jax" not in extra
   assert any(line.startswith("attention=cudnn_flash_te under pipeline stages") for line in said), said
   # the container's auto dispatch under stages is all_to_all at its own buffers, not te_ep's stand-in
   assert not any(e.startswith(("moe_dispatch=", "moe_buffers=")) for e in extra), extra
-  extra, _ = substitutions(recipes.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False)
+  extra, _ = substitutions(
+    resolution.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False
+  )
   assert "attention=cudnn_flash_jax" in extra
   assert "moe_dispatch=all_to_all" in extra and "moe_buffers=worst_case" in extra, extra
 

@@ -111,18 +111,18 @@ def test_quantization_needs_te():
     (["moe_gemm_quantization=fp8"], "moe_gemm_quantization=fp8 needs moe_gemm_backend=te"),
   ],
 )
-def test_launch_refuses_the_te_path_here_in_one_line(overrides, expected, upstream_config):
-  cfg = upstream_config.resolve(TINY, overrides)
+def test_launch_refuses_the_te_path_here_in_one_line(overrides, expected, resolution):
+  cfg = resolution.resolve(TINY, overrides)
   with pytest.raises(UserError) as e:
     check_moe_path(cfg)
   assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
-def test_te_moe_block_cannot_update_the_routing_bias(upstream_config):
+def test_te_moe_block_cannot_update_the_routing_bias(resolution):
   """Delegating to MaxText's own TE block: MaxText 0.2.5 refuses DeepSeek-V3's bias update there itself."""
   with pytest.raises(UserError, match="te_moe_block=True does not currently support routed_bias_update_rate > 0"):
     # the tiny model updates its routing bias (routed_bias_update_rate > 0), as DeepSeek-V3 does
-    upstream_config.resolve(
+    resolution.resolve(
       TINY, ["moe_impl=maxtext", "te_moe_block=true", "te_gmm_quantization=te_no_quant", "prefuse_moe_weights=true"]
     )
 

@@ -47,7 +47,7 @@ def test_every_plugin_key_is_documented():
   assert undocumented == []
 
 
-def test_plugin_keys_do_not_shadow_maxtext_keys(upstream_config):
+def test_plugin_keys_do_not_shadow_maxtext_keys(resolution):
   from maxtext.configs.types import MaxTextConfig  # the test may look at MaxText directly
 
   assert set(PLUGIN_KEY_NAMES).isdisjoint(MaxTextConfig.model_fields)

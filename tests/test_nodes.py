@@ -80,14 +80,14 @@ def test_global_batch_grows_with_the_nodes():
 
 
 @pytest.mark.parametrize("recipe", [r for r in recipes.list_recipes() if not r.startswith("cpu/")])
-def test_every_gpu_recipe_resolves_on_twice_its_nodes(recipe, upstream_config, tmp_path):
+def test_every_gpu_recipe_resolves_on_twice_its_nodes(recipe, resolution, tmp_path):
   """What `--nodes 2N` does to each GPU recipe: twice the devices and NVLink domains, the same per-node
   layout, the cross-node axis doubled."""
   (tmp_path / "items").mkdir()
   (tmp_path / "items" / "_METADATA").write_text("{}")
   extra = [f"load_parameters_path={tmp_path / 'items'}"] if recipe.endswith(("-finetune", "-sft")) else []
-  one = upstream_config.resolve(recipes.recipe_path(recipe), extra)
-  two = upstream_config.resolve(recipes.recipe_path(recipe), [*extra, f"nodes={2 * one.nodes}"])
+  one = resolution.resolve(recipes.recipe_path(recipe), extra)
+  two = resolution.resolve(recipes.recipe_path(recipe), [*extra, f"nodes={2 * one.nodes}"])
   assert (two.recipe_num_devices, two.num_slices) == (2 * one.recipe_num_devices, 2 * one.num_slices)
   assert two.ici_parallelism == one.ici_parallelism and two.dcn_parallelism == one.dcn_parallelism
 

@@ -27,16 +27,16 @@ SMALL = ["per_device_batch_size=1", "max_target_length=32", "dataset_type=synthe
 BSD, RF, RD = "8x32x64xf32", "128x32xf32", "128x64xf32"
 
 
-def test_presets_set_maxtexts_keys_and_user_overrides_win(upstream_config):
-  cfg = upstream_config.resolve(TINY, ["offload=all"])
+def test_presets_set_maxtexts_keys_and_user_overrides_win(resolution):
+  cfg = resolution.resolve(TINY, ["offload=all"])
   assert cfg.optimizer_memory_host_offload and cfg.parameter_memory_host_offload and cfg.param_scan_axis == 0
   assert str(cfg.remat_policy) == "custom"
   assert all(getattr(cfg, name) == "offload" for name in OFFLOADED_ACTIVATIONS)
   assert preset_overrides(None) == preset_overrides("none") == []
-  cfg = upstream_config.resolve(TINY, ["offload=optimizer", "optimizer_memory_host_offload=false"])
+  cfg = resolution.resolve(TINY, ["offload=optimizer", "optimizer_memory_host_offload=false"])
   assert not cfg.optimizer_memory_host_offload
   with pytest.raises(UserError, match="bad value for 'offload'"):
-    upstream_config.resolve(TINY, ["offload=everything"])
+    resolution.resolve(TINY, ["offload=everything"])
 
 
 def test_preset_without_pinned_host_memory_is_refused(monkeypatch):
@@ -53,15 +53,15 @@ def test_preset_without_pinned_host_memory_is_refused(monkeypatch):
     check_platform(SimpleNamespace(offload="optimizer", moe_dispatch="auto"), platform="gpu")
 
 
-def lowered_with(upstream_config, offload: str, platform: str, extra: list[str]) -> str:
+def lowered_with(resolution, offload: str, platform: str, extra: list[str]) -> str:
   from maxtext_moe.upstream.maxtext.compile import lowered_train_step
 
-  cfg = upstream_config.resolved(TINY, [*SMALL, f"offload={offload}", *extra])
+  cfg = resolution.resolved(TINY, [*SMALL, f"offload={offload}", *extra])
   return lowered_train_step(cfg, platform=platform)
 
 
-def _lowered(upstream_config, offload: str, platform: str) -> str:
-  return lowered_with(upstream_config, offload, platform, [])
+def _lowered(resolution, offload: str, platform: str) -> str:
+  return lowered_with(resolution, offload, platform, [])
 
 
 def _host_placements(text: str) -> collections.Counter:
@@ -76,16 +76,16 @@ def _host_arguments(text: str) -> int:
 
 
 @pytest.mark.ci
-def test_activation_preset_offloads_each_named_tensor_on_gpu(upstream_config):
+def test_activation_preset_offloads_each_named_tensor_on_gpu(resolution):
   """Lowered for CUDA: each scanned group (the dense layer, the MoE layers) sends its layer input and
   attention output to the host, and the MoE group its three grouped-GEMM outputs (wi_0, wi_1: R x F; wo:
   R x D). The dense MLP's `mlpwo` is in the preset but DeepSeek's layers tag no tensor with that name."""
-  assert _host_placements(_lowered(upstream_config, "activations", "cuda")) == {BSD: 4, RF: 2, RD: 1}
-  assert _host_placements(_lowered(upstream_config, "none", "cuda")) == {}
+  assert _host_placements(_lowered(resolution, "activations", "cuda")) == {BSD: 4, RF: 2, RD: 1}
+  assert _host_placements(_lowered(resolution, "none", "cuda")) == {}
 
 
 @pytest.mark.ci
-def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offloaded(upstream_config):
+def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offloaded(resolution):
   """With expert parallelism the bounded rounds run the grouped GEMMs inside a conditional, where an
   offloaded residual made XLA:GPU's layout assignment fail (host memory from one branch, a device buffer
   from the other): there the block does not name them, so the policy recomputes them and only the layer
@@ -94,10 +94,10 @@ def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offload
   from maxtext_moe.planner.saved_activations import per_layer
 
   ep = ["ici_expert_parallelism=4", "ici_fsdp_parallelism=2", "moe_dispatch=all_to_all"]
-  text = lowered_with(upstream_config, "activations", "cuda", ep)
+  text = lowered_with(resolution, "activations", "cuda", ep)
   assert _host_placements(text) == {BSD: 4}
-  cfg = upstream_config.resolved(TINY, [*SMALL, "offload=activations", *ep])
-  named = upstream_config.resolved(TINY, [*SMALL, "offload=activations"])
+  cfg = resolution.resolved(TINY, [*SMALL, "offload=activations", *ep])
+  named = resolution.resolved(TINY, [*SMALL, "offload=activations"])
   rows, d_b = 128, 4
   # The layer input and out_proj; `mlpwo` (named by the preset) only joins the residual stream: no backward keeps it.
   assert experts_recomputed(cfg, "all_to_all") and not experts_recomputed(named, "local")
@@ -105,15 +105,15 @@ def test_under_the_bounded_rounds_the_experts_outputs_are_recomputed_not_offload
   assert per_layer(named, 32, d_b, rows, recomputed=False)[1] == (2 * 32 * 64 + rows * (2 * 32 + 64)) * d_b
 
 
-def test_cpu_lowering_drops_activation_offload(upstream_config):
+def test_cpu_lowering_drops_activation_offload(resolution):
   """Why offload=activations shows no host transfer in a CPU step: JAX's CPU lowering drops them (the
   launcher says so). If this starts failing, JAX lowers them on CPU now: update check_platform's note."""
-  assert _host_placements(_lowered(upstream_config, "activations", "cpu")) == {}
+  assert _host_placements(_lowered(resolution, "activations", "cpu")) == {}
 
 
 @pytest.mark.ci
-def test_optimizer_and_parameter_presets_put_state_in_host_memory(upstream_config):
-  none, optimizer, params = (_host_arguments(_lowered(upstream_config, o, "cpu")) for o in ("none", "optimizer", "all"))
+def test_optimizer_and_parameter_presets_put_state_in_host_memory(resolution):
+  none, optimizer, params = (_host_arguments(_lowered(resolution, o, "cpu")) for o in ("none", "optimizer", "all"))
   assert none == 0 < optimizer < params
 
 

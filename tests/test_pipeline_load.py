@@ -124,12 +124,12 @@ def test_a_pipelined_checkpoint_reads_back_as_the_stack(stack, stages, repeats, 
     ),
   ],
 )
-def test_the_layout_of_a_resolved_qwen3_config(overrides, want, upstream_config):
+def test_the_layout_of_a_resolved_qwen3_config(overrides, want, resolution):
   """MaxText pipelines every layer of a Qwen3-MoE decoder by default (4 here: 2 stages x 2 repeats)."""
   model = ["model_name=qwen3-moe-from-hf", "override_model_config=true", "base_num_decoder_layers=4"]
   model += ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=2", "head_dim=16", "base_moe_mlp_dim=32"]
   model += ["num_experts=16", "num_experts_per_tok=4", "recipe_num_devices=4"]
-  cfg = upstream_config.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [*model, *overrides])
+  cfg = resolution.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [*model, *overrides])
   assert stage_load.Stages.of(cfg) == want
   keys = {k: int(getattr(cfg, k)) for k in ("ici_pipeline_parallelism", "dcn_pipeline_parallelism")}
   keys |= {k: int(getattr(cfg, k)) for k in ("num_pipeline_repeats", "num_layers_per_pipeline_stage")}

@@ -75,13 +75,13 @@ def test_one_layers_weights_are_counted_as_a_device_computes_with_them():
   assert staged == layer_weights.LayerWeights(experts=4096 * 14336, experts_sharded=False, moe_other=0, dense=0)
 
 
-def test_mesh_sizes_fill_the_auto_axis_like_maxtext(upstream_config):
-  cfg = upstream_config.resolved(REPO / "configs/recipes/gb300x1024/deepseek3-671b.yml", [])
+def test_mesh_sizes_fill_the_auto_axis_like_maxtext(resolution):
+  cfg = resolution.resolved(REPO / "configs/recipes/gb300x1024/deepseek3-671b.yml", [])
   sizes = layout.mesh_sizes(cfg, 1024)
   # ICI and DCN degrees multiply: EP=4 x FSDP=16 in each rack, FSDP=8 x 2 replicas across the 16 racks.
   assert (sizes["expert"], sizes["fsdp"], sizes["data"]) == (4, 128, 2)
   assert all(v == 1 for k, v in sizes.items() if k not in ("expert", "fsdp", "data"))
-  tiny = upstream_config.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [])
+  tiny = resolution.resolved(REPO / "configs/recipes/cpu/deepseek3-tiny.yml", [])
   assert layout.mesh_sizes(tiny, 8)["fsdp"] == 8  # ici_fsdp_parallelism=-1 takes all devices
 
 

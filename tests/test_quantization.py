@@ -43,10 +43,10 @@ def _forward_fp8_dots(text: str) -> list[str]:
   ]
 
 
-def test_fp8_quantizes_the_dense_gemms_and_not_the_router_or_our_experts(upstream_config):
+def test_fp8_quantizes_the_dense_gemms_and_not_the_router_or_our_experts(resolution):
   from maxtext_moe.upstream.maxtext.compile import lowered_train_step
 
-  cfg = upstream_config.resolved(TINY, [*SMALL, *EP_FSDP, "quantization=fp8"])
+  cfg = resolution.resolved(TINY, [*SMALL, *EP_FSDP, "quantization=fp8"])
   text = lowered_train_step(cfg, platform="cpu")
   attention = {f"self_attention/{p}" for p in ("wq_a", "wq_b", "wkv_a", "wkv_b", "out")}
   mlp = {"wi_0", "wi_1", "wo"}
@@ -58,7 +58,7 @@ def test_fp8_quantizes_the_dense_gemms_and_not_the_router_or_our_experts(upstrea
   assert len(forward) == len(want) and all("Fp8DirectDotGeneralOp" in n for n in forward), forward
 
 
-def test_quantization_values_our_block_refuses(upstream_config):
+def test_quantization_values_our_block_refuses(resolution):
   for value, says in [
     ("int8", "quantization=int8 is AQT's integer path"),
     ("nanoo_fp8", "is AMD's FP8"),
@@ -66,13 +66,13 @@ def test_quantization_values_our_block_refuses(upstream_config):
     ("fp8_full", "is a qwix value (use_qwix_quantization=true)"),
   ]:
     with pytest.raises(UserError, match=re.escape(says)):
-      upstream_config.resolve(TINY, [f"quantization={value}"])
+      resolution.resolve(TINY, [f"quantization={value}"])
   with pytest.raises(UserError, match="does not take use_qwix_quantization=true"):
-    upstream_config.resolve(TINY, ["quantization=fp8", "use_qwix_quantization=true"])
+    resolution.resolve(TINY, ["quantization=fp8", "use_qwix_quantization=true"])
   for value in ("fp8", "te_fp8_currentscaling", "te_fp8_delayedscaling", "te_mxfp8"):
-    assert upstream_config.resolve(TINY, [f"quantization={value}"]).quantization == value
+    assert resolution.resolve(TINY, [f"quantization={value}"]).quantization == value
   # MaxText's own block takes what MaxText takes.
-  assert upstream_config.resolve(TINY, ["quantization=int8", "moe_impl=maxtext"]).quantization == "int8"
+  assert resolution.resolve(TINY, ["quantization=int8", "moe_impl=maxtext"]).quantization == "int8"
 
 
 def test_quantization_refusal_is_one_line_and_exit_2(tmp_path):

@@ -63,14 +63,14 @@ def test_unknown_models_and_gpus_are_one_line(model, gpu, expected):
     search.base_of(model, gpu, 1, [])
 
 
-def test_a_recipe_file_outside_configs_finds_our_model_and_resolves_as_the_shipped_one(upstream_config, tmp_path):
+def test_a_recipe_file_outside_configs_finds_our_model_and_resolves_as_the_shipped_one(resolution, tmp_path):
   """A recipe file anywhere names a shipped recipe by `${moe_configs:...}`; MaxText would not find our
   deepseek3-proxy-16b model file from there (it has none of that name): ours is read all the same, and the
   file resolves to the shipped recipe's whole config but for the keys it sets."""
-  shipped = upstream_config.resolve(recipe_path("h100x8/deepseek3-proxy-16b"), ["nodes=2"])
+  shipped = resolution.resolve(recipe_path("h100x8/deepseek3-proxy-16b"), ["nodes=2"])
   mine = tmp_path / "proxy.yml"
   mine.write_text("base_config: ${moe_configs:recipes/h100x8/deepseek3-proxy-16b.yml}\nnodes: 2\n")
-  theirs = upstream_config.resolve(mine, [])
+  theirs = resolution.resolve(mine, [])
   paths = {"base_config", "run_name", "tensorboard_dir", "checkpoint_dir", "metrics_dir", "metrics_file"}
   paths.add("override_model_config")  # set with our model file's keys, which MaxText would not read from there
   a, b = shipped.model_dump(mode="json"), theirs.model_dump(mode="json")
@@ -79,10 +79,10 @@ def test_a_recipe_file_outside_configs_finds_our_model_and_resolves_as_the_shipp
   assert (theirs.num_experts, theirs.base_emb_dim, theirs.recipe_num_devices) == (64, 2048, 16)
 
 
-def test_a_model_name_with_no_file_anywhere_is_not_ours_to_fill(upstream_config, tmp_path):
+def test_a_model_name_with_no_file_anywhere_is_not_ours_to_fill(resolution, tmp_path):
   mine = tmp_path / "mine.yml"
   mine.write_text("base_config: ${moe_configs:recipes/cpu/deepseek3-tiny.yml}\nmodel_name: default\n")
-  assert upstream_config.layer_keys(mine, []).recipe_over_model == []
+  assert resolution.layer_keys(mine, []).recipe_over_model == []
 
 
 @pytest.mark.ci

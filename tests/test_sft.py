@@ -23,8 +23,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "hf_deepseek3_tiny" / "bf16"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def _cfg(upstream_config, *overrides):
-  return upstream_config.resolve(recipes.recipe_path(RECIPE), ["finetune=false", *overrides])
+def _cfg(resolution, *overrides):
+  return resolution.resolve(recipes.recipe_path(RECIPE), ["finetune=false", *overrides])
 
 
 def test_the_example_is_deterministic_and_its_splits_are_disjoint():
@@ -37,16 +37,16 @@ def test_the_example_is_deterministic_and_its_splits_are_disjoint():
     assert c["messages"][1] == {"role": "assistant", "content": str(a + b)}
 
 
-def test_masking_worked_example(upstream_config):
+def test_masking_worked_example(resolution):
   """A two-round conversation with a system turn, through MaxText's own SFT pipeline (chat template,
   completion-only masking, packing, shift): the tokens that carry loss are exactly each assistant turn's
   content and its <|end|> (4 tokens: '4', <|end|>, '6', <|end|>); the system and user turns and the
   generation prompts <|assistant|> are context only."""
   from maxtext_moe.sft import prepare as sft_data
-  from maxtext_moe.upstream.config import hyperparameters
   from maxtext_moe.upstream.maxtext import sft_data as sft
+  from maxtext_moe.upstream.maxtext.config import hyperparameters
 
-  cfg = _cfg(upstream_config, "per_device_batch_size=1", "max_target_length=96")
+  cfg = _cfg(resolution, "per_device_batch_size=1", "max_target_length=96")
   messages = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "What is 2 + 2?"},
@@ -89,7 +89,7 @@ def test_jsonl_is_checked_and_staged_as_parquet(tmp_path, monkeypatch):
   assert conversations.read_split("training", [str(src)], keep=3).pattern == split.pattern  # cached
 
 
-def test_overlength_is_counted_truncated_or_refused(upstream_config, tmp_path, monkeypatch, capsys):
+def test_overlength_is_counted_truncated_or_refused(resolution, tmp_path, monkeypatch, capsys):
   from maxtext_moe.sft import prepare as sft_data
 
   monkeypatch.setenv("MAXTEXT_MOE_CACHE", str(tmp_path / "cache"))
@@ -97,13 +97,13 @@ def test_overlength_is_counted_truncated_or_refused(upstream_config, tmp_path, m
   long = {"messages": [{"role": "user", "content": "x" * 40}, {"role": "assistant", "content": "y"}]}
   data.write_text("\n".join(json.dumps(r) for r in [arithmetic.conversation(11, 12), long, long]) + "\n")
   files = [f"grain_train_files={data}", f"grain_eval_files={data}", "max_target_length=32"]
-  cfg = sft_data.prepare(_cfg(upstream_config, *files))
+  cfg = sft_data.prepare(_cfg(resolution, *files))
   note = capsys.readouterr().err
   assert "2 of 3 training conversations are longer than max_target_length=32 tokens and are cut to it" in note
   assert f"(the longest, 45, is {data} line 2)" in note
   assert cfg.grain_train_files.endswith("*.parquet") and cfg.grain_file_type == "parquet"
   with pytest.raises(UserError, match="2 of 3 training conversations are longer than max_target_length=32"):
-    sft_data.prepare(_cfg(upstream_config, *files, "sft_overlength=refuse"))
+    sft_data.prepare(_cfg(resolution, *files, "sft_overlength=refuse"))
 
 
 @pytest.mark.slow

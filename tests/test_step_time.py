@@ -58,10 +58,10 @@ def _context(recipe: str):
 def _workload(recipe: str, overrides: list[str]):
   from maxtext_moe.moe.settings import resolve_dispatch
   from maxtext_moe.steptime.workload import workload
-  from maxtext_moe.upstream import config as upstream_config
+  from maxtext_moe.upstream import resolution
 
   ctx = _context(recipe)
-  cfg = upstream_config.resolved(ctx.path, [*ctx.base_overrides, *overrides])
+  cfg = resolution.resolved(ctx.path, [*ctx.base_overrides, *overrides])
   kind = resolve_dispatch(cfg.moe_dispatch, ep=8, platform=ctx.platform).value
   return cfg, workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=recipe)
 

@@ -112,8 +112,8 @@ def layer_times(*, reps: int = 3, overrides: list[str] = LAYER_OVERRIDES) -> tup
   """Seconds per forward+backward of MaxText's RoutedMoE: stock sparse, stock dense, ours (same params),
   and each variant's max |output - dense output| as a check that they compute the same layer."""
   from maxtext_moe.config.recipes import DEFAULT_RECIPE, recipe_path
-  from maxtext_moe.upstream.config import resolved
   from maxtext_moe.upstream.maxtext.model import routed_moe_layer
+  from maxtext_moe.upstream.resolution import resolved
 
   times, outputs = {}, {}
   for name, extra in LAYER_VARIANTS.items():

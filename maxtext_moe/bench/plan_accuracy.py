@@ -177,8 +177,8 @@ def run(*, out: IO[str], as_json: bool = False, quick: bool = False) -> dict[str
 
 def _worker(argv: list[str]) -> None:
   from maxtext_moe.config.recipes import recipe_path
-  from maxtext_moe.upstream.config import resolved
   from maxtext_moe.upstream.maxtext.compile import compiled_train_memory
+  from maxtext_moe.upstream.resolution import resolved
 
   recipe, overrides = argv[0], argv[1:]
   print(json.dumps(compiled_train_memory(resolved(recipe_path(recipe), overrides))))

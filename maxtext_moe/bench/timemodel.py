@@ -73,14 +73,14 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
   from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
   base, _ = _context(RECIPE, [], None, None)
   rows = []
   for label, overrides in _layouts(devices):
     for offload in ([], ["offload=optimizer_params"]):
       try:
-        cfg = upstream_config.resolved(base.path, [*base.base_overrides, *overrides, *offload])
+        cfg = resolution.resolved(base.path, [*base.base_overrides, *overrides, *offload])
       except UserError:
         break
       ctx = dataclasses.replace(base, num_devices=int(cfg.recipe_num_devices))

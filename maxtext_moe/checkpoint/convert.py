@@ -48,10 +48,10 @@ WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 def model_tree(spec: ModelSpec, *, max_chunk_elems: int = leaf_plan.MAX_CHUNK_ELEMS):
   """(MaxText config, LeafPlans) of a model laid out on one device."""
-  from maxtext_moe.upstream import config as upstream_config
+  from maxtext_moe.upstream import resolution
   from maxtext_moe.upstream.maxtext import model as upstream_model
 
-  cfg = upstream_config.resolved(spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides])
+  cfg = resolution.resolved(spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides])
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
   abstract = [leaf_plan.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]

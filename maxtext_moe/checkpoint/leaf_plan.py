@@ -1,6 +1,6 @@
 """Which Hugging Face tensor fills which slice of MaxText's scanned parameter tree, and how.
 
-MaxText side (read from maxtext 0.2.5's models, see `upstream.model.param_leaves`): layers are scanned,
+MaxText side (read from maxtext 0.2.5's models, see `upstream.maxtext.model.param_leaves`): layers are scanned,
 so a per-layer weight is one leaf with a layer axis (logical name `dense_layers` / `moe_layers` /
 `layers`, at a position that differs by model and collection); routed experts add an `exp` axis.
 Linear kernels are [in, out] where Hugging Face stores [out, in], and per-head kernels split a flat HF

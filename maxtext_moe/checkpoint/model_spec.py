@@ -2,7 +2,7 @@
 
 A conversion needs the model only, never a layout, so a model YAML (written by hf-to-maxtext from a
 config.json) is resolved on top of the plugin's own base.yml, and a recipe's layout is replaced by one
-device (`upstream.model.ONE_DEVICE_OVERRIDES`). Next to its Orbax items, hf-to-maxtext writes:
+device (`upstream.maxtext.model.ONE_DEVICE_OVERRIDES`). Next to its Orbax items, hf-to-maxtext writes:
 
   OUT/model.yml       the model's MaxText keys (train/plan/convert take it as model_file=OUT/model.yml)
   OUT/hf_config.json  the source config.json, verbatim: the export starts from it, so what MaxText does

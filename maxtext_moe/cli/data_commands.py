@@ -12,12 +12,12 @@ from maxtext_moe.errors import UserError
 
 def _resolved(ns: argparse.Namespace, command: str, *, weights: bool = True):
   from maxtext_moe.launch.preflight import check_inputs  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
   recipe, overrides = _needs_recipe(ns, command)
   if not weights:  # the data alone: a fine-tuning recipe need not name its checkpoint
     overrides = [*overrides, "finetune=false"]
-  cfg = recipes.read(recipe, overrides).resolve()
+  cfg = resolution.read(recipe, overrides).resolve()
   check_inputs(cfg)
   return cfg
 

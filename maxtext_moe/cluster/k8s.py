@@ -275,13 +275,13 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   """Resolves the recipe on its node count (bad overrides and node counts fail here, not on the cluster),
   and builds its manifests: (the request with the layout's nodes, GPUs per node and NVLink domains filled
   in, the documents)."""
-  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
   run = [] if any(o.startswith("run_name=") for o in req.overrides) else [f"run_name={req.run_name or req.name}"]
   overrides = [*req.overrides, *run, f"base_output_directory={CHECKPOINT_MOUNT}"]
   if req.nodes > 0:
     overrides.append(f"nodes={req.nodes}")
-  recipe = recipes.read(req.recipe, k8s_pod.here(overrides), keep_process_flags=False)  # the cluster's flags, not ours
+  recipe = resolution.read(req.recipe, k8s_pod.here(overrides), keep_process_flags=False)  # the cluster's flags
   cfg = recipe.resolve()
   layout = recipe.keys.layout
   if layout.gpus_per_node is None:

@@ -2,7 +2,7 @@
 
 Each check takes the resolved config (any object with MaxText's attribute names) and raises
 `ValueError` with a one-line message that says what is wrong and how to fix it. They run inside
-the plugin's pydantic config class (see `upstream.config`), after MaxText's own validation.
+the plugin's pydantic config class (see `upstream.resolution`), after MaxText's own validation.
 """
 
 from typing import Any

@@ -1,7 +1,7 @@
 """The plugin's own config keys.
 
 These are plain pydantic fields with no MaxText import, so they can be listed, documented and
-snapshot-tested on a bare install. `maxtext_moe.upstream.config` mixes them into MaxText's
+snapshot-tested on a bare install. `maxtext_moe.upstream.resolution` mixes them into MaxText's
 `MaxTextConfig`, which forbids unknown keys, so a misspelled plugin key is an error like any other.
 """
 

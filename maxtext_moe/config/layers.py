@@ -1,4 +1,5 @@
-"""The chain of YAML layers a recipe names through `base_config`, checked before MaxText loads it.
+"""The chain of YAML layers a recipe names through `base_config`, checked before MaxText loads it, and one
+key read off the merged layers (`layer_value`).
 
 MaxText's loader (`pyconfig._load_config`) follows `base_config` recursively and merges each file into the
 next. A file that is a YAML list, not a mapping, makes that merge raise a TypeError; a chain that comes back
@@ -8,6 +9,7 @@ names it, then in MaxText's configs directory.
 """
 
 from pathlib import Path
+from typing import Any
 
 import omegaconf
 import yaml
@@ -72,3 +74,11 @@ def require_base(chain: list[Path], ours: Path) -> None:
     f"{first} {what}: a recipe file starts with base_config: ${{moe_configs:base.yml}} (our defaults) or "
     "${moe_configs:recipes/HW/MODEL.yml} (a shipped recipe to change), then the keys it sets"
   )
+
+
+def layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
+  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
+  value = cfg.get(key)
+  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
+    return omegaconf.OmegaConf.to_container(value, resolve=True)
+  return None if isinstance(value, str) and value.lower() == "none" else value

@@ -3,7 +3,7 @@
 MaxText 0.2.5 builds one `quant` object from `quantization` (`layers/quantizations.py`,
 `configure_quantization`) and hands it to every dense projection: attention's (MLA's low-rank ones
 included), the dense layers' MLP and the shared experts. Under `moe_impl=dropless` the routed block is
-built without it (`upstream.moe_layer.routed_moe_init`): the router stays in the model's dtype, as
+built without it (`upstream.maxtext.moe_layer.routed_moe_init`): the router stays in the model's dtype, as
 DeepSeek-V3 and NVIDIA's published run keep it, and the routed experts follow `moe_gemm_quantization` in
 our grouped GEMM. The unembedding never quantizes in MaxText. So with our block `quantization` means the
 dense GEMMs only, and these are the values that can mean that on a GPU.

@@ -43,7 +43,7 @@ def check_pipeline_for_moe(cfg: Any) -> None:
 
 def check_pipeline_divides_layers(cfg: Any) -> None:
   """The pipelined layers (pipeline_parallel_layers, resolved) split into stages x layers per stage x
-  repeats. MaxText asserts it while it derives the repeats; called there (`upstream.config`) to say what
+  repeats. MaxText asserts it while it derives the repeats; called there (`upstream.resolution`) to say what
   to set, on a config whose later keys are not derived yet."""
   stages, lps = _stages(cfg), int(cfg.num_layers_per_pipeline_stage)
   pipelined, repeats = int(cfg.pipeline_parallel_layers), int(cfg.num_pipeline_repeats)

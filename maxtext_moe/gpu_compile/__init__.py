@@ -11,7 +11,7 @@ for the recipe's GPU model at its full device count, on compile-only devices (do
   kind and format, `peak` the live set at the memory peak (`--hlo DIR`).
 - `te_libraries`: TE's CUDA libraries loaded against a stub driver (`.venv-te`); `nccl_ep`: the size of
   TE NCCL EP's dispatch handle, from the group's sizes.
-- In the seams, since only they may import MaxText and TE: `upstream.compile` (MaxText's train step built
+- In the seams, since only they may import MaxText and TE: `upstream.maxtext.compile` (MaxText's train step built
   and compiled, the compile-only devices and mesh) and `upstream.te_target` (TE answered for the target:
   its compute capability, its NCCL EP bootstrapped without NCCL).
 """

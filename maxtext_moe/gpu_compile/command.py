@@ -1,10 +1,10 @@
 """`maxtext-moe compile RECIPE`: the recipe's train step compiled by XLA:GPU for its own GPUs and full device
 count, on any machine (no GPU needed), and what the compiled program does per step.
 
-The step is built as `train` builds it: the same recipe read (`upstream.recipe`), flag profile (its
+The step is built as `train` builds it: the same recipe read (`upstream.resolution`), flag profile (its
 XLA_FLAGS in effect before the backend starts), resolved config, patches and one process per GPU. The
 devices are XLA:GPU compile-only devices from the jax-cuda12 plugin and the hardware table's target
-description, grouped into partitions as the real cluster reports them (`upstream.compile.topology_mesh`).
+description, grouped into partitions as the real cluster reports them (`upstream.maxtext.compile.topology_mesh`).
 What cannot be compiled here is substituted and said (`stand_ins.substitutions`): Transformer Engine's kernels where
 TE does not import, attention kernels that need cuDNN at compile time. Kernel choices are XLA's defaults:
 nothing is autotuned without a GPU.
@@ -96,22 +96,21 @@ def _resolve(
   """(the recipe read with the compile's overrides, its resolved HyperParameters), the flag environment in
   effect first (with XLA's dump of the train step into `dump_to`)."""
   from maxtext_moe.launch import environment  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
   deviceless = ["skip_jax_distributed_system=true", "internal_compile=true"]
   deviceless += [f"internal_compile_num_devices={target.devices}", f"recipe_num_devices={target.devices}"]
-  recipe = recipes.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
+  recipe = resolution.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
   if dump_to is not None:
     dump = [f"--xla_dump_to={dump_to}", "--xla_dump_hlo_as_text=true", "--xla_dump_hlo_module_re=jit_train_step"]
     recipe.flags.add_flags(dump)
   # As many CPU devices as GPUs, before the CPU backend starts (resolving starts it): a step whose state
-  # MaxText keeps on the host is lowered over them (`upstream.compile.lowering_mesh`); XLA:GPU ignores it.
+  # MaxText keeps on the host is lowered over them (`upstream.maxtext.compile.lowering_mesh`); XLA:GPU ignores it.
   recipe.flags.add_flags([f"--xla_force_host_platform_device_count={target.devices}"])
   flags.probe(recipe.flags.xla_flags)
   os.environ["JAX_PLATFORMS"] = "cpu"  # the compile-only GPU devices come from the plugin, not a backend
   environment.apply(recipe.flags)
-  return recipe, upstream_config.hyperparameters(recipe.resolve())
+  return recipe, resolution.hyperparameters(recipe.resolve())
 
 
 @contextlib.contextmanager
@@ -154,13 +153,13 @@ def compile_recipe(
   limit, and XLA's latency-hiding scheduler fills it, host copies of offloaded state started early)."""
   from maxtext_moe.gpu_compile import report as compile_report  # pylint: disable=import-outside-toplevel
   from maxtext_moe.gpu_compile.peak import peak_live_set  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import recipe as recipes  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import compile as upstream_compile  # pylint: disable=import-outside-toplevel
 
   if not plugin_installed():
     raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")
   te_available = _load_te()
-  first = recipes.read(name, overrides, keep_process_flags=False)
+  first = resolution.read(name, overrides, keep_process_flags=False)
   target = target_of(first.keys)
   extra, said = substitutions(first, te_available=te_available)
   dump_to = hlo_dir / "xla" if hlo_dir else None
@@ -178,7 +177,7 @@ def compile_recipe(
     hosts_per_partition=target.devices, devices_per_host=1,
   )  # fmt: skip
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)
-  # State MaxText keeps on the host stays there in the program, as on the GPUs (`upstream.compile`)
+  # State MaxText keeps on the host stays there in the program, as on the GPUs (`upstream.maxtext.compile`)
   lower_on = upstream_compile.lowering_mesh(mesh) if upstream_compile.holds_state_on_host(cfg) else None
   start, handles = time.monotonic(), {}
   try:

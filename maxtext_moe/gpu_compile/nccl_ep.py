@@ -4,7 +4,7 @@ TE's `ep_prepare` returns a uint8 buffer per call (its "handle mem": the routing
 share, kept for the backward), and the traced program needs its size: TE asks its bootstrapped EP backend
 (`transformer_engine_jax.ep_handle_mem_size(top_k, alignment)` -> `nvte_ep_handle_mem_size` ->
 `ncclEpHandleMemSize`), which needs a live NCCL EP group, so GPUs and their peers. `maxtext-moe compile`
-answers it from the group's sizes instead, with this function (`upstream.te_target.ep_for_target`).
+answers it from the group's sizes instead, with this function (`upstream.te.compile_target.ep_for_target`).
 
 How NCCL EP sizes it, read from nccl-extensions' `nccl_ep/nccl_ep.cc` (`HtBlockLayout::compute`) at commit
 9f47d6eb (August 2026; the commit Transformer Engine's main branch and its 2.19 release pin): the

@@ -25,7 +25,7 @@ def usable_bytes(gpu: Any, recipe: Any) -> int:
 def build(
   cfg: Any, compiled: Any, *, target: Any, recipe: Any, usable: int, substitutions: list[str], compile_s: float
 ) -> dict:
-  """The report of one compiled step (`compiled`: jax.stages.Compiled, or `upstream.compile.HostStateProgram`,
+  """The report of one compiled step (`compiled`: jax.stages.Compiled, or `upstream.maxtext.compile.HostStateProgram`,
   for `target`'s devices)."""
   from maxtext_moe.upstream.maxtext.compile import memory  # pylint: disable=import-outside-toplevel
 
@@ -92,7 +92,7 @@ def planner_figures(name: str | None, overrides: list[str], *, target: Any) -> d
 def compare(report: dict[str, Any]) -> None:
   """Adds the planner's figures and its relative error against XLA:GPU's, device to device and host to host:
   the program holds the state MaxText offloads in host memory between steps as a GPU run does
-  (`upstream.compile.holds_state_on_host`), and both device figures count what the step brings back."""
+  (`upstream.maxtext.compile.holds_state_on_host`), and both device figures count what the step brings back."""
   planner = report["planner"]
   report["planner_device_bytes"] = planner["device_bytes"]
   report["planner_host_bytes"] = planner["host_bytes"]

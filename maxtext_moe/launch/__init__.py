@@ -1,6 +1,6 @@
 """The run lifecycle of `maxtext-moe train`: from a recipe to MaxText's trainer and back.
 
-train.py        read the recipe (upstream.recipe), apply its environment, join the job, resolve, run
+train.py        read the recipe (upstream.resolution), apply its environment, join the job, resolve, run
 preflight.py    the checks once the backend is up, before anything is compiled or written
 environment.py  the flag profile's environment put into effect in this process
 interrupts.py   SIGTERM/SIGINT: finish the step, save, stop

@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT during training: finish the step, save a checkpoint, stop, say how to resume.
 
 What SLURM and Kubernetes send before they evict a job is SIGTERM; a person at a terminal sends SIGINT.
-Either asks the run to stop at the next step boundary (`upstream.recovery`): MaxText saves a checkpoint
+Either asks the run to stop at the next step boundary (`upstream.maxtext.recovery`): MaxText saves a checkpoint
 there, the launcher writes the summary and plot and exits with EXIT_RESUMABLE (75). A second signal stops
 at once (KeyboardInterrupt: exit 130, the in-flight checkpoint, if any, is left to Orbax's atomic rename).
 

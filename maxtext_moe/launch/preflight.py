@@ -77,8 +77,10 @@ def check_layout_divides(cfg: Any, *, num_devices: int) -> None:
   """Every parameter splits evenly over its mesh axes (else JAX refuses the train state with a traceback
   from inside MaxText): one line naming the tensor and the nearest layout that divides."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import config  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.maxtext import model  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import (
+    config,  # pylint: disable=import-outside-toplevel
+    model,  # pylint: disable=import-outside-toplevel
+  )
 
   hp = config.hyperparameters(cfg)
   divisibility.check(hp, model.param_leaves(hp), num_devices)

@@ -2,9 +2,9 @@
 MaxText's trainer, report.
 
 The order matters, and each step goes down the layers: the recipe, the model file, the overrides and the
-flag profile are read in one place (`upstream.recipe.read`, no JAX backend yet); the flag environment is
+flag profile are read in one place (`upstream.resolution.read`, no JAX backend yet); the flag environment is
 applied to this process; only then does MaxText resolve the config (its validation starts the backend,
-which reads XLA_FLAGS), once; the trainer (`upstream.trainer`) is handed that object.
+which reads XLA_FLAGS), once; the trainer (`upstream.maxtext.trainer`) is handed that object.
 """
 
 import json
@@ -206,12 +206,12 @@ def train(
   from maxtext_moe.launch import environment
   from maxtext_moe.pretrain import text
   from maxtext_moe.sft import prepare as sft
-  from maxtext_moe.upstream import recipe as recipes
+  from maxtext_moe.upstream import resolution
   from maxtext_moe.upstream.maxtext import trainer
 
   if not verbose:
     absl_logging.set_verbosity(absl_logging.WARNING)
-  recipe = recipes.read(name, overrides)
+  recipe = resolution.read(name, overrides)
   flags.probe(recipe.flags.xla_flags)
   applied = environment.apply(recipe.flags)
   recipe, job = join_job(recipe, dist)

@@ -17,7 +17,7 @@ Backends:
   rows per expert most rows fell into 16-row tiles that re-read the weight each time.
 - `tokamax`: on an SM 9.x/10.x GPU tokamax's Mosaic GPU kernels (`mosaic.py`: one custom call per GEMM,
   no data-dependent branch; what `auto` picks on a GPU without TE); elsewhere `tokamax.ragged_dot`.
-- `te`: Transformer Engine's `grouped_dense` (GPU; `upstream.te`, the TE seam, which imports nothing of
+- `te`: Transformer Engine's `grouped_dense` (GPU; `upstream.te.calls`, the TE seam, which imports nothing of
   ours): BF16, or FP8 / MXFP8 through TE's quantizer sets (`quantization`).
 - `auto`: `settings.resolve_backend` decides.
 Shape legend: R rows, D in dim, F out dim, E experts, M window rows, L window sizes.

@@ -73,7 +73,7 @@ class Platform:
 @functools.cache
 def detect_platform() -> Platform:
   """This process's Platform (probed once): TE's grouped GEMM where TE imports on a GPU, TE's EP where it can serve the
-  job (`upstream.te.ep_unready_reasons`). Starts the JAX backend."""
+  job (`upstream.te.calls.ep_unready_reasons`). Starts the JAX backend."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from maxtext_moe.upstream.te import calls as te  # pylint: disable=import-outside-toplevel  # the TE seam, a leaf module
@@ -91,7 +91,7 @@ REMAT_NAMES = ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo")
 
 @dataclass(frozen=True)
 class MoESettings:
-  """How the routed experts run. Built from the config keys (upstream.moe_layer.settings_from_config)."""
+  """How the routed experts run. Built from the config keys (upstream.maxtext.moe_layer.settings_from_config)."""
 
   dispatch: DispatchKind = DispatchKind.AUTO
   gemm: GemmBackend = GemmBackend.AUTO

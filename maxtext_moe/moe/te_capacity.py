@@ -1,7 +1,7 @@
 """Rows TE's NCCL EP receives per rank per call: its receive buffer, which is also the grouped GEMM's input.
 
 TE sizes it in `transformer_engine.jax.moe.get_moe_recv_capacity_per_rank` (TE 2.20.2), which the run
-itself calls (`upstream.te.recv_capacity`). The planner and the step-time model need the same number where
+itself calls (`upstream.te.calls.recv_capacity`). The planner and the step-time model need the same number where
 TE cannot be imported (no CUDA: `import transformer_engine` raises), so it is written out here, in TE's
 terms; tests/test_fp8_container_program.py compares the two in the TE compile environment.
 

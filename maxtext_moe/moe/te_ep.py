@@ -8,7 +8,7 @@ domain before crossing nodes) and lays the receive buffer out by local expert in
 grouped GEMM's groups, with zero rows between them. Its combine is unweighted, so the expert outputs are
 weighted first; padded receive slots are ignored by combine.
 
-The receive capacity must equal the one TE EP was bootstrapped with (`upstream.te.bootstrap`, once per
+The receive capacity must equal the one TE EP was bootstrapped with (`upstream.te.calls.bootstrap`, once per
 process, before the step is traced). Dropless by default: TE's worst case. The aux-loss-free bias update
 needs nothing from TE: MaxText computes it from the top-k ids before dispatch.
 

@@ -198,19 +198,19 @@ def resolved(path: Any, overrides: list[str]) -> Any:
   per_device_batch_size x the devices it counts (`micro_batch_size_to_train_on`, configs/types.py), which
   are this machine's unless `internal_compile_num_devices` names them (as `compile` does): a plan names
   the job's, so a layout is judged for the cluster it is planned for, not the laptop planning it."""
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
-  keys = upstream_config.layer_keys(path, overrides)
+  keys = resolution.layer_keys(path, overrides)
   n = keys.layout.devices
   job = ["internal_compile=true", f"internal_compile_num_devices={n}"] if n > 0 else []
-  return upstream_config.hyperparameters(upstream_config.resolve(path, [*overrides, *job], keys=keys))
+  return resolution.hyperparameters(resolution.resolve(path, [*overrides, *job], keys=keys))
 
 
 def _gpus_as_nodes(path: Any, overrides: list[str], gpus: int) -> list[str]:
   """`plan --gpus N` as the override it means: N / GPUs-per-node nodes (on CPU, N devices)."""
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
-  per_node = upstream_config.layer_keys(path, overrides).layout.gpus_per_node
+  per_node = resolution.layer_keys(path, overrides).layout.gpus_per_node
   if per_node is None:
     return [f"recipe_num_devices={gpus}"]
   if gpus % per_node:
@@ -222,10 +222,10 @@ def _gpus_as_nodes(path: Any, overrides: list[str], gpus: int) -> list[str]:
 def _leaves(path: str, overrides: tuple[str, ...]) -> list:
   """The parameter tree's leaves: their shapes do not depend on the layout, so it is traced once, on one
   device, per recipe and overrides (`plan --time` and the layout search ask again)."""
-  from maxtext_moe.upstream import config as upstream_config  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import model as upstream_model  # pylint: disable=import-outside-toplevel
 
-  one_device = upstream_config.resolved(path, [*overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
+  one_device = resolution.resolved(path, [*overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
   return upstream_model.param_leaves(one_device)
 
 

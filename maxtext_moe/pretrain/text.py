@@ -138,8 +138,8 @@ def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
 def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   """The first `rows` rows of the first training batch, as MaxText's grain pretraining pipeline builds
   them (tokenized, chunked, packed): each row's documents, decoded."""
-  from maxtext_moe.upstream.config import hyperparameters  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import sft_data as grain_paths  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.config import hyperparameters  # pylint: disable=import-outside-toplevel
 
   if not applies(cfg):
     raise UserError(

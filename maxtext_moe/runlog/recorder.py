@@ -1,7 +1,7 @@
 """`RunRecorder`: a run's per-step outputs, written as MaxText's logger hands them over.
 
 MaxText's MetricLogger hands each training step's scalars to `RunRecorder.step`, and each held-out
-evaluation's to `RunRecorder.eval` (through the trainer hook, `upstream.trainer`). An evaluation is a row
+evaluation's to `RunRecorder.eval` (through the trainer hook, `upstream.maxtext.trainer`). An evaluation is a row
 of its own, written after train step S's row: the loss of the model after step S on the eval split's
 loss-bearing tokens (with SFT, the completions).
 

@@ -25,8 +25,8 @@ def _files(pattern: str) -> list[str]:
 
 
 def checked_tokenizer(cfg: Any) -> tuple[Any, int]:
-  from maxtext_moe.upstream.config import hyperparameters  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import sft_data as sft  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.config import hyperparameters  # pylint: disable=import-outside-toplevel
 
   if not cfg.tokenizer_path:
     raise UserError("use_sft needs tokenizer_path: the model's Hugging Face tokenizer directory")
@@ -172,8 +172,8 @@ def show_row(hf: Any, batch: dict[str, Any], r: int) -> list[str]:
 
 def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   """The first `rows` rows of the first training batch, as MaxText's SFT pipeline builds them."""
-  from maxtext_moe.upstream.config import hyperparameters  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import sft_data as sft  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext.config import hyperparameters  # pylint: disable=import-outside-toplevel
 
   require(cfg, "data show")
   hf, pad_id = checked_tokenizer(cfg)

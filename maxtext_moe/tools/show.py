@@ -29,10 +29,10 @@ def _yaml_entry(key: str, value: Any, comment: str = "") -> str:
 
 def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) -> str:
   """YAML report: plugin keys, then changed (or all) MaxText keys, sorted."""
-  from maxtext_moe.upstream import recipe as recipes
-  from maxtext_moe.upstream.config import maxtext_base_defaults
+  from maxtext_moe.upstream import resolution
+  from maxtext_moe.upstream.resolution import maxtext_base_defaults
 
-  read = recipes.read(recipe, overrides)
+  read = resolution.read(recipe, overrides)
   ours = read.resolve().model_dump(mode="json")
   base = maxtext_base_defaults()
   lines = [f"# recipe: {read.path}", f"# overrides: {' '.join(read.overrides) or '(none)'}", "plugin_keys:"]

@@ -1,13 +1,16 @@
-"""Every seam to the upstream packages (MaxText 0.2.5, Orbax), one concern per module. Nothing else in
-maxtext_moe imports them (tests/test_upstream_contract.py), and importing these modules changes nothing:
-patches are installed by `patches.install`/`installed`, resolvers by `config.install_resolvers`.
+"""Every seam to the upstream packages (MaxText 0.2.5, Orbax, JAX's private symbols, Transformer Engine),
+by concern. Nothing else in maxtext_moe imports them (tests/test_upstream_contract.py), and importing these
+modules changes nothing: patches are installed by `patches.install`/`installed`, resolvers by
+`maxtext.config.install_resolvers`.
 
-  manifest.py   every upstream symbol we use, pinned to its exact signature (manifest.json)
-  config.py     our keys in MaxText's config class; the layer read and the one resolution per process
-  patches.py    install()/uninstall() of attribute replacements, the originals kept here
-  moe_layer.py  the dropless block in place of RoutedMoE.sparse_matmul
-  trainer.py    the trainer hook: MaxText's loop on our resolved config, its steps to our recorder
-  model.py      the parameter tree, a forward pass from a checkpoint, one MoE layer for benchmarks
-  compile.py    MaxText's FLOPs count, the compiled step's memory, the step lowered for any platform
-  orbax.py      Orbax's type-handler extension point and TensorStore specs (its private modules)
+  resolution.py  a recipe resolved top to bottom (file, YAML layers, model file, overrides, derived keys,
+                 flag profile, MaxText's config with our keys): the only module here that reads config/
+  maxtext/       MaxText's side: its config machinery, trainer hook, recovery, model, the MoE layer we
+                 patch, weights load, SFT data, its compiled step
+  pipeline/      MaxText's pipeline stages with MoE layers (the seam, circular records, remat, flat loads)
+  te/            the Transformer Engine seam, its manifest and the stand-ins for a compile without a GPU
+  manifest.py    every MaxText and Orbax symbol we use, pinned to its exact signature (manifest.json)
+  patches.py     install()/uninstall() of attribute replacements, the originals kept here
+  orbax.py       Orbax's type-handler extension point and TensorStore specs (its private modules)
+  jax_backend.py whether a backend has started; JAX's cuDNN attention checks answered for a target GPU
 """

@@ -1,7 +1,7 @@
 """What Qwen3-MoE and Mixtral share: Llama-style grouped-query attention with rotate-half RoPE, RMSNorm
 before attention and before the MoE block, every layer MoE, one stack `decoder/layers`, untied embeddings.
 
-MaxText side (maxtext 0.2.5, `upstream.model.param_leaves` of the qwen3_moe and mixtral decoders): the
+MaxText side (maxtext 0.2.5, `upstream.maxtext.model.param_leaves` of the qwen3_moe and mixtral decoders): the
 query kernel is [embed, q_heads, head_dim] and the output kernel [q_heads, head_dim, embed], per layer;
 Hugging Face stores [q_heads * head_dim, embed] and [embed, q_heads * head_dim].
 """

@@ -2,7 +2,7 @@
 
 For one run, `run_trainer` installs (and afterwards removes):
 - `pyconfig.initialize` -> the run's resolved config, so MaxText's trainer does not parse it again;
-- `RoutedMoE.sparse_matmul` -> our dropless block (`upstream.moe_layer`);
+- `RoutedMoE.sparse_matmul` -> our dropless block (`upstream.maxtext.moe_layer`);
 - `train.loss_fn` -> also sends the block's per-step stats to the run's `StatsChannel` (jax.debug.callback);
 - `train.warmup_programs` -> also discards the stats of its warm-up steps;
 - `MetricLogger.__init__` / `write_metrics` -> `hooks.start(config, start_step)` once the checkpoint (if
@@ -13,7 +13,7 @@ For one run, `run_trainer` installs (and afterwards removes):
 - `multihost_dataloading._terminate_iterator_workers` -> the same, without its AssertionError on grain
   iterators that have no parent;
 - `max_utils.initialize_summary_writer` -> a tensorboardX writer on the run's tensorboard_dir;
-- MaxText's checkpoint restore, preemption test and optimizer (`upstream.recovery`).
+- MaxText's checkpoint restore, preemption test and optimizer (`upstream.maxtext.recovery`).
 """
 
 import gc
@@ -33,11 +33,12 @@ from maxtext.utils import max_utils, maxtext_utils, train_utils
 
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream.config import MoEMaxTextConfig, hyperparameters
 from maxtext_moe.upstream.maxtext import moe_layer, recovery
+from maxtext_moe.upstream.maxtext.config import hyperparameters
 from maxtext_moe.upstream.maxtext.model import model_patches
 from maxtext_moe.upstream.patches import Method, Patch, installed, original
 from maxtext_moe.upstream.pipeline import moe_stages as pipeline
+from maxtext_moe.upstream.resolution import MoEMaxTextConfig
 
 
 class RunHooks(Protocol):
@@ -189,7 +190,7 @@ def validate(cfg: MoEMaxTextConfig) -> None:
 
 def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None) -> None:
   """Runs MaxText's pre-training loop in this process on `cfg`, with our block, hooks and recovery
-  (`upstream.recovery`) installed."""
+  (`upstream.maxtext.recovery`) installed."""
   rec = rec or recovery.Recovery()
   run = TrainerPatches(hyperparameters(cfg), hooks, rec)
   moe_layer.prepare_te_ep(run.config)

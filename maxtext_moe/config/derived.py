@@ -1,40 +1,15 @@
 """Keys the launcher derives from the merged YAML layers and overrides before MaxText resolves them: the
 job's node layout (`config.nodes`: devices, NVLink domains, the cross-node axis) and a vocabulary sized
-from the tokenizer (`vocab_from_tokenizer`); and MaxText's derived keys refused as overrides."""
-
-from typing import Any
+from the tokenizer (`vocab_from_tokenizer`)."""
 
 import omegaconf
-from maxtext.configs import types
 
 from maxtext_moe.config import nodes
 from maxtext_moe.config.keys import PluginKeys
+from maxtext_moe.config.layers import layer_value
 from maxtext_moe.data import text
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.layout import DCN, ICI, SUFFIX
-
-# MaxText's derived keys that a user sets by mistake (MaxText overwrites them), with the key to set instead.
-_BASE_OF = {k: f"base_{k}" for k in ("emb_dim", "mlp_dim", "moe_mlp_dim", "num_decoder_layers", "num_query_heads")}
-_BASE_OF["num_kv_heads"] = "base_num_kv_heads"
-
-
-def refuse_derived(overrides: list[str]) -> None:
-  """A key MaxText derives (emb_dim from base_emb_dim and global_parameter_scale, ...) would be silently
-  overwritten: say which key to set instead."""
-  derived = types.DerivedValues.model_fields
-  for item in overrides:
-    key = item.partition("=")[0]
-    if key in derived:
-      hint = f"set {_BASE_OF[key]} instead" if key in _BASE_OF else "it cannot be set"
-      raise UserError(f"{key} is derived by MaxText from other keys and would be ignored; {hint}")
-
-
-def layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
-  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
-  value = cfg.get(key)
-  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
-    return omegaconf.OmegaConf.to_container(value, resolve=True)
-  return None if isinstance(value, str) and value.lower() == "none" else value
 
 
 def _degrees(cfg: omegaconf.DictConfig, prefix: str) -> dict[str, int]:
