@@ -6,9 +6,10 @@ import pytest
 
 from conftest import REPO, run_cli
 from maxtext_moe.bench import plan_accuracy
+from maxtext_moe.config import recipes
 from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe import layout, recipes
+from maxtext_moe.moe import layout
 from maxtext_moe.planner import layer_weights, shards
 from maxtext_moe.planner.memory_plan import memory_plan
 
