@@ -32,6 +32,7 @@ TINY = recipes.recipe_path("cpu/deepseek3-tiny")
     (["moe_gemm_backend=cublas"], "bad value for 'moe_gemm_backend'"),
     (["emb_dim=96"], "emb_dim is derived by MaxText from other keys and would be ignored; set base_emb_dim instead"),
     (["checkpoint_dir=/x"], "checkpoint_dir is derived by MaxText from other keys and would be ignored; it cannot"),
+    (["eval_data_columns={a: 1}"], "eval_data_columns takes a list, as eval_data_columns=[a,b] (got {'a': 1})"),
   ],
 )
 def test_bad_overrides_raise_one_line(overrides, expected, resolution):

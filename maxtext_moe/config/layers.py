@@ -1,5 +1,5 @@
-"""The chain of YAML layers a recipe names through `base_config`, checked before MaxText loads it, and one
-key read off the merged layers (`layer_value`).
+"""The chain of YAML layers a recipe names through `base_config`, checked before MaxText loads it; key=value
+overrides merged on top of the layers (`on_top`), and one key read off them (`layer_value`).
 
 MaxText's loader (`pyconfig._load_config`) follows `base_config` recursively and merges each file into the
 next. A file that is a YAML list, not a mapping, makes that merge raise a TypeError; a chain that comes back
@@ -82,3 +82,20 @@ def layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
   if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
     return omegaconf.OmegaConf.to_container(value, resolve=True)
   return None if isinstance(value, str) and value.lower() == "none" else value
+
+
+def on_top(layers: omegaconf.DictConfig, *overrides: omegaconf.DictConfig) -> omegaconf.DictConfig:
+  """`overrides` (each `OmegaConf.from_cli`'s) merged over `layers`, later ones winning. A mapping given
+  for a key the layers hold as a list, or the reverse, is one line naming the key (OmegaConf's merge says
+  only "Cannot merge incompatible container types")."""
+  try:
+    return omegaconf.OmegaConf.merge(layers, *overrides)
+  except TypeError as e:
+    kinds = {omegaconf.DictConfig: "a mapping, as KEY={a: 1}", omegaconf.ListConfig: "a list, as KEY=[a,b]"}
+    for over in overrides:
+      for key in over:
+        have, got = layers.get(key), over.get(key)
+        if type(have) in kinds and type(got) in kinds and type(have) is not type(got):
+          want = kinds[type(have)].replace("KEY", str(key))
+          raise UserError(f"{key} takes {want} (got {layer_value(over, key)!r})") from e
+    raise

@@ -13,7 +13,7 @@ from typing import Any
 
 import omegaconf
 
-from maxtext_moe.config import layers, model_file
+from maxtext_moe.config import model_file
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.errors import UserError
 
@@ -45,39 +45,24 @@ def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Pat
   return found
 
 
-def unseen(config_path: str | Path, model_name: str, maxtext_configs: Path) -> list[str]:
-  """Our model YAML's keys as key=value when MaxText would not read it (`path`), else []: passed ahead of
-  the recipe's own, with override_model_config=true."""
-  found = path(config_path, model_name, maxtext_configs)
-  if found is None or found == maxtext_finds(config_path, model_name, maxtext_configs):
-    return []
-  return model_file.as_overrides(omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.load(found), resolve=True))
-
-
 def _container(value: Any) -> Any:
   if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
     return omegaconf.OmegaConf.to_container(value, resolve=True)
   return value
 
 
-def recipe_wins(config_path: str | Path, layers: omegaconf.DictConfig, model_name: str, mt: Path) -> list[str]:
+def _recipe_wins(model: omegaconf.DictConfig, layers: omegaconf.DictConfig) -> list[str]:
   """key=value for each key the recipe's layers set to another value than the model YAML does."""
-  found = path(config_path, model_name, mt)
-  if found is None:
-    return []
-  model = omegaconf.OmegaConf.load(found)
   differ = {k: _container(layers[k]) for k in model if k in layers and _container(layers[k]) != _container(model[k])}
   return model_file.as_overrides(differ) if differ else []
 
 
-def refuse_user_overrides(config_path: str | Path, overrides: list[str], model_name: str, mt: Path) -> None:
+def _refuse_user_overrides(model: omegaconf.DictConfig, overrides: list[str]) -> None:
   """MaxText's refusal of a command-line key that the model YAML sets to another value (unless
-  override_model_config=true), made here because `recipe_wins` turns MaxText's off."""
-  found = path(config_path, model_name, mt)
+  override_model_config=true), made here because `recipe_over_model` turns MaxText's off."""
   cli = omegaconf.OmegaConf.from_cli(list(overrides))
-  if found is None or cli.get("override_model_config"):
+  if cli.get("override_model_config"):
     return
-  model = omegaconf.OmegaConf.load(found)
   twice = [k for k in cli if k in model and _container(cli[k]) != _container(model[k])]
   if twice:
     raise UserError(
@@ -87,17 +72,23 @@ def refuse_user_overrides(config_path: str | Path, overrides: list[str], model_n
 
 
 def recipe_over_model(
-  config_path: str | Path, model_name: str, overrides: list[str], maxtext_configs: Path
+  config_path: str | Path, chain: list[Path], model_name: str, overrides: list[str], maxtext_configs: Path
 ) -> list[str]:
-  """The recipe's own keys (its files, not MaxText's base.yml or ours) that the model YAML sets otherwise,
-  as key=value: the recipe's value wins; the user's overrides then get MaxText's refusal from here."""
+  """The model YAML's keys where MaxText would not read it (`path`: ours), then the recipe's own keys (the
+  files of `chain`, its checked `base_config` chain, not MaxText's base.yml or ours) that the model YAML
+  sets otherwise, as key=value: the recipe's value wins; the user's overrides then get MaxText's refusal
+  from here."""
+  found = path(config_path, model_name, maxtext_configs)
+  if found is None:
+    return []
   defaults = (maxtext_configs.resolve(), (configs_dir() / "base.yml").resolve())
-  chain = layers.check_chain(Path(config_path), maxtext_configs)
   own = [c for c in chain if c != defaults[1] and not c.is_relative_to(defaults[0])]
   files = [omegaconf.OmegaConf.load(c) for c in reversed(own)]
   merged = omegaconf.OmegaConf.merge({}, *({k: v for k, v in f.items() if k != "base_config"} for f in files))
-  wins = recipe_wins(config_path, merged, model_name, maxtext_configs)
-  hidden = unseen(config_path, model_name, maxtext_configs)
+  model = omegaconf.OmegaConf.load(found)
+  wins = _recipe_wins(model, merged)
+  seen = found == maxtext_finds(config_path, model_name, maxtext_configs)
+  hidden = [] if seen else model_file.as_overrides(omegaconf.OmegaConf.to_container(model, resolve=True))
   if wins or hidden:
-    refuse_user_overrides(config_path, overrides, model_name, maxtext_configs)
+    _refuse_user_overrides(model, overrides)
   return [*hidden, *wins]

@@ -7,8 +7,8 @@ pieces (`upstream/maxtext/config.py`) and ours (`config/`) are leaves that call 
 
 1. recipe file    a name (or a path) -> the recipe's file (`config/recipes.py`)
 2. YAML layers    the file's `base_config` chain, checked (`config/layers.py`) and merged by MaxText's
-                  loader, the user's overrides on top
-3. model file     a `model_file`'s keys (`config/model_file.py`) ahead of the user's overrides
+                  loader
+3. model file     a `model_file`'s keys (`config/model_file.py`) on the layers, the user's overrides on top
 4. overrides      the plugin's keys validated; the recipe's keys that its model YAML also sets, and a
                   vocabulary sized from the tokenizer (`config/model_yaml.py`, `config/derived.py`)
 5. derived keys   `nodes` -> devices, NVLink domains and the cross-node axis (`config/derived.py`,
@@ -134,13 +134,13 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
   mt.install_resolvers(recipes.configs_dir())
   mt.refuse_derived(overrides)
   try:
-    merged = yaml_layers(config_path, overrides)  # 2
-    model_overrides = model_file_keys(merged)  # 3
-    merged = yaml_layers(config_path, [*model_overrides, *overrides]) if model_overrides else merged
+    chain, files = yaml_layers(config_path)  # 2
+    model_overrides, merged = with_model_file(files, overrides)  # 3
     raw = {k: layers.layer_value(merged, k) for k in (*_LAYER_PLUGIN_KEYS, *_LAYER_OTHER_KEYS)}
     plugin = PluginKeys.model_validate({k: raw[k] for k in _LAYER_PLUGIN_KEYS if raw[k] is not None})  # 4
     model_name = str(raw["model_name"] or "default")
-    over_model = model_yaml.recipe_over_model(config_path, model_name, overrides, mt.maxtext_configs_dir())
+    mt_configs = mt.maxtext_configs_dir()
+    over_model = model_yaml.recipe_over_model(config_path, chain, model_name, overrides, mt_configs)
     over_model += derived.vocab_from_tokenizer(merged, plugin, overrides)
     values = {k: layers.layer_value(merged, k) for k in MAXTEXT_LAYER_KEYS}
     values = {k: default if values[k] is None else values[k] for k, default in MAXTEXT_LAYER_KEYS.items()}
@@ -162,18 +162,21 @@ def layer_keys(config_path: str | Path, overrides: list[str]) -> LayerKeys:
   )
 
 
-def yaml_layers(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
-  """Step 2: the file's chain of layers checked (one line for a bad one, or one not on our base), then
-  merged by MaxText's loader with `overrides` on top."""
+def yaml_layers(config_path: str | Path) -> tuple[list[Path], omegaconf.DictConfig]:
+  """Step 2: the file's chain of layers, checked (one line for a bad one, or one not on our base), and the
+  layers merged by MaxText's loader."""
   chain = layers.check_chain(Path(config_path), mt.maxtext_configs_dir())
   layers.require_base(chain, recipes.configs_dir() / "base.yml")
-  return mt.load_layers(config_path, overrides)
+  return chain, mt.load_layers(config_path)
 
 
-def model_file_keys(merged: omegaconf.DictConfig) -> list[str]:
-  """Step 3: the keys of the layers' `model_file` (a converted checkpoint's model YAML), as key=value."""
-  model_path = layers.layer_value(merged, "model_file")
-  return model_file.as_overrides(model_file.read(model_path)) if model_path else []
+def with_model_file(files: omegaconf.DictConfig, overrides: list[str]) -> tuple[list[str], omegaconf.DictConfig]:
+  """Step 3: the keys of the `model_file` the layers or overrides name (a converted checkpoint's model
+  YAML) as key=value, and the layers with those keys, then the user's overrides, on top."""
+  user = omegaconf.OmegaConf.from_cli(list(overrides))
+  model_path = layers.layer_value(layers.on_top(files, user), "model_file")
+  model_overrides = model_file.as_overrides(model_file.read(model_path)) if model_path else []
+  return model_overrides, layers.on_top(files, omegaconf.OmegaConf.from_cli(model_overrides), user)
 
 
 def derived_overrides(keys: LayerKeys, now: datetime.datetime | None = None) -> list[str]:

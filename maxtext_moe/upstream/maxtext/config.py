@@ -2,8 +2,8 @@
 take plain values and call back into nothing of ours above them.
 
 - `install_resolvers`: the `${...}` helpers our YAML files use, registered with OmegaConf.
-- `load_layers`: a config file's `base_config` chain merged by MaxText's own loader, overrides on top
-  (OmegaConf only: no pydantic, no JAX backend).
+- `load_layers`: a config file's `base_config` chain merged by MaxText's own loader (OmegaConf only: no
+  pydantic, no JAX backend).
 - `refuse_derived`, `dump_flags`: MaxText's derived keys refused as overrides; its HLO-dump flags.
 - `initialize`: MaxText's one resolution into a pydantic config class, its errors as one line (`one_line`).
 - `hyperparameters`, `maxtext_base_defaults`: MaxText's read-only view; its own base.yml resolved.
@@ -74,12 +74,9 @@ def names_beyond(models: Iterable[Path]) -> tuple[str, ...]:
   return tuple(sorted(p.stem for p in models if p.stem not in known))
 
 
-def load_layers(config_path: str | Path, overrides: list[str]) -> omegaconf.DictConfig:
-  """The file's `base_config` chain merged by MaxText's loader, then the key=value overrides."""
-  return omegaconf.OmegaConf.merge(
-    pyconfig._load_config(str(config_path)),  # pylint: disable=protected-access
-    omegaconf.OmegaConf.from_cli(list(overrides)),
-  )
+def load_layers(config_path: str | Path) -> omegaconf.DictConfig:
+  """The file's `base_config` chain merged by MaxText's loader."""
+  return pyconfig._load_config(str(config_path))  # pylint: disable=protected-access
 
 
 def refuse_derived(overrides: list[str]) -> None:
