@@ -76,11 +76,16 @@ def require_base(chain: list[Path], ours: Path) -> None:
   )
 
 
-def layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
-  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
-  value = cfg.get(key)
+def plain(value: Any) -> Any:
+  """A value of the layers as plain Python: a mapping or list node, interpolations resolved, as dict/list."""
   if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
     return omegaconf.OmegaConf.to_container(value, resolve=True)
+  return value
+
+
+def layer_value(cfg: omegaconf.DictConfig, key: str) -> Any:
+  """One key of the merged layers, interpolations resolved, as MaxText reads it ("none" is None)."""
+  value = plain(cfg.get(key))
   return None if isinstance(value, str) and value.lower() == "none" else value
 
 

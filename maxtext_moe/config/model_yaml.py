@@ -9,11 +9,11 @@ refusal is made here for the user's own overrides.
 """
 
 from pathlib import Path
-from typing import Any
 
 import omegaconf
 
 from maxtext_moe.config import model_file
+from maxtext_moe.config.layers import plain
 from maxtext_moe.config.recipes import configs_dir
 from maxtext_moe.errors import UserError
 
@@ -45,15 +45,9 @@ def path(config_path: str | Path, model_name: str, maxtext_configs: Path) -> Pat
   return found
 
 
-def _container(value: Any) -> Any:
-  if isinstance(value, omegaconf.DictConfig | omegaconf.ListConfig):
-    return omegaconf.OmegaConf.to_container(value, resolve=True)
-  return value
-
-
 def _recipe_wins(model: omegaconf.DictConfig, layers: omegaconf.DictConfig) -> list[str]:
   """key=value for each key the recipe's layers set to another value than the model YAML does."""
-  differ = {k: _container(layers[k]) for k in model if k in layers and _container(layers[k]) != _container(model[k])}
+  differ = {k: plain(layers[k]) for k in model if k in layers and plain(layers[k]) != plain(model[k])}
   return model_file.as_overrides(differ) if differ else []
 
 
@@ -63,7 +57,7 @@ def _refuse_user_overrides(model: omegaconf.DictConfig, overrides: list[str]) ->
   cli = omegaconf.OmegaConf.from_cli(list(overrides))
   if cli.get("override_model_config"):
     return
-  twice = [k for k in cli if k in model and _container(cli[k]) != _container(model[k])]
+  twice = [k for k in cli if k in model and plain(cli[k]) != plain(model[k])]
   if twice:
     raise UserError(
       f"Keys {twice} are overridden by both model config and CLI/kwargs with different values. This is not "

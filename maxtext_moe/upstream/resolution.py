@@ -174,8 +174,11 @@ def with_model_file(files: omegaconf.DictConfig, overrides: list[str]) -> tuple[
   """Step 3: the keys of the `model_file` the layers or overrides name (a converted checkpoint's model
   YAML) as key=value, and the layers with those keys, then the user's overrides, on top."""
   user = omegaconf.OmegaConf.from_cli(list(overrides))
-  model_path = layers.layer_value(layers.on_top(files, user), "model_file")
-  model_overrides = model_file.as_overrides(model_file.read(model_path)) if model_path else []
+  merged = layers.on_top(files, user)
+  model_path = layers.layer_value(merged, "model_file")
+  if not model_path:
+    return [], merged
+  model_overrides = model_file.as_overrides(model_file.read(model_path))
   return model_overrides, layers.on_top(files, omegaconf.OmegaConf.from_cli(model_overrides), user)
 
 
