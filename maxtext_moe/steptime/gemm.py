@@ -19,8 +19,14 @@ Where the table cannot serve:
 - MXFP8 (block-scaled; the table's FP8 is per-tensor): Megatron-Core's measured MXFP8 grouped GEMM
   (`gemm_mxfp8_blackwell`) at its shape, carried to other shapes by the FP8 rows' shape dependence.
 - FP8 on Hopper: XLA's sm_90 FP8 rows exceed H100's dense FP8 peak (2,424 TFLOP/s of 1,979 at 4,096^3), so
-  they are not taken as measurements; the bf16 rows' shape dependence carries DeepGEMM's FP8 figure
-  (`gemm_fp8_hopper`) instead.
+  they are not taken as measurements; the bf16 rows carry DeepGEMM's FP8 figure (`gemm_fp8_hopper`) to
+  other shapes, read at half the K: a GEMM's time is its K loop at the tensor cores' rate plus a cost per
+  output tile that does not depend on the format (the pipeline's fill, the epilogue's writes), and FP8's
+  K loop runs at twice bf16's rate, so an FP8 GEMM amortises that cost as a bf16 one of half the K does.
+  DeepGEMM's own rows at M 4,096 (H800) check it: at K 512 and 1,536, 0.510 and 0.797 of its best shape,
+  0.511 and 0.807 read so (0.707 and 0.916 at the same K); at K 2,048 0.768, 0.878 (0.943); at K 7,168
+  with N 4,096 and 2,112 0.928 and 0.741, 0.989 and 0.967 (the table's log-spaced N cannot see N 2,112's
+  ragged last tile column). Until December 2026 the bf16 rows were read at the same K.
 A grouped GEMM is one kernel over all its groups' tiles, so it is looked up at its total rows (the rows of
 every local expert), which fill the GPU as one GEMM of that M would; what small groups cost beyond that
 (DeepGEMM's masked layout: 4 groups of 256 rows at 76% of one group of 1,024) is not modelled. A class's
@@ -94,8 +100,9 @@ def efficiency(gpu: Any, fmt: str, m: float, n: float, k: float) -> float:
   a = arch(gpu)
   if fmt == "bf16" or fmt not in ("fp8", "mxfp8"):
     return table_tflops(a, "bf16", m, n, k) / TABLE_PEAK[a]["bf16"]
-  if a == "hopper":
-    shape = table_tflops(a, "bf16", m, n, k) / table_tflops(a, "bf16", *_HOPPER_FP8_ANCHOR)
+  if a == "hopper":  # bf16's rows at half the K (the module docstring)
+    m0, n0, k0 = _HOPPER_FP8_ANCHOR
+    shape = table_tflops(a, "bf16", m, n, k / 2) / table_tflops(a, "bf16", m0, n0, k0 / 2)
     return constant("gemm_fp8_hopper") * shape
   fp8 = table_tflops(a, "fp8", m, n, k) / TABLE_PEAK[a]["fp8"]
   if fmt == "mxfp8":
