@@ -62,12 +62,10 @@ def test_fp8_on_hopper_amortises_a_tile_as_bf16_at_half_the_k():
   bf16 rows read at the same K (the model until December 2026)."""
   h100, best = GPUS["h100"], DEEPGEMM_H800[(7168, 16384)]
   top = gemm.efficiency(h100, "fp8", 4096, 7168, 16384)
-  same_k = lambda n, k: (
-    gemm.table_tflops("hopper", "bf16", 4096, n, k)
-    / gemm.table_tflops(  # noqa: E731
-      "hopper", "bf16", 4096, 7168, 16384
-    )
-  )
+
+  def same_k(n: int, k: int) -> float:
+    return gemm.table_tflops("hopper", "bf16", 4096, n, k) / gemm.table_tflops("hopper", "bf16", 4096, 7168, 16384)
+
   for (n, k), tflops in DEEPGEMM_H800.items():
     measured, got = tflops / best, gemm.efficiency(h100, "fp8", 4096, n, k) / top
     assert got >= measured - 0.01, (n, k)
