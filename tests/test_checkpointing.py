@@ -68,7 +68,23 @@ def test_the_line_says_what_a_failure_costs():
     "checkpoint_period=280 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
     "minutes by the step-time model"
   )
+  assert checkpointing.at_risk(_cfg(1600, 50), 0.93).endswith(
+    "a failure loses it all, about 1 minute by the step-time model"
+  )
+  assert checkpointing.at_risk(_cfg(1600, 20), 0.93).endswith(
+    "a failure loses it all, under a minute by the step-time model"
+  )
   assert checkpointing.at_risk(_cfg(50, 100, enabled=False)).startswith("checkpointing is off")
+
+
+def test_train_check_of_a_staged_recipe_off_its_gpus_counts_the_jobs_devices(tmp_path: Path):
+  """A pipeline's microbatches must divide the batch MaxText counts: on a login node (1 CPU device here) the
+  job's 8 GH200s x 4 sequences, not this machine's 4 (MaxText asserted 'must be divisible by the number of
+  microbatches (8)' before `train --check` named the job's devices)."""
+  proc = run_cli(["train", "gh200x4/qwen3-30b-a3b", "--check", f"base_output_directory={tmp_path}/runs"], cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.startswith("train qwen3-30b-a3b: checked off its GPUs: the config, the layout on 8 GPUs")
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what_it_skipped(tmp_path: Path):

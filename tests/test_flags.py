@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from maxtext_moe.config import flags, recipes
+from maxtext_moe.config import flags, hardware, recipes
 from maxtext_moe.errors import UserError
+from maxtext_moe.steptime import gemm
 
-PROFILES = ["h100", "h200", "b200", "b300", "gb200", "gb300"]
+PROFILES = ["h100", "h200", "gh200", "b200", "b300", "gb200", "gb300"]
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +36,7 @@ def test_every_recipe_resolves_its_profile(name, resolution):
   names = [f.split("=")[0] for f in got.xla_flags]
   assert "--xla_gpu_experimental_enable_collective_multi_streaming" in names
   assert "--xla_gpu_enable_latency_hiding_scheduler" in names
-  hopper = str(cfg.recipe_hardware) in ("h100", "h200")
+  hopper = gemm.arch(hardware.GPUS[str(cfg.recipe_hardware)]) == "hopper"
   assert (got.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == hopper, "Hopper only, never on Blackwell"
   assert ("--xla_gpu_enable_command_buffer=" in got.xla_flags) == hopper
 

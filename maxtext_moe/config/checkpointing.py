@@ -34,7 +34,7 @@ def at_risk(cfg: Any, step_s: float | None = None) -> str:
   period, steps = int(cfg.checkpoint_period), int(cfg.steps)
   if not bool(getattr(cfg, "enable_checkpointing", True)):
     return "checkpointing is off (enable_checkpointing=false): a failure loses the whole run"
-  minutes = f", about {period * step_s / 60:,.0f} minutes by the step-time model" if step_s else ""
+  minutes = _minutes(period * step_s) if step_s else ""
   if period >= steps:
     if period == MAXTEXT_DEFAULT:
       return (
@@ -42,8 +42,15 @@ def at_risk(cfg: Any, step_s: float | None = None) -> str:
         f"a failure loses all the run's work; set checkpoint_period (about {MINUTES} minutes of steps: "
         "docs/recipes.md)"
       )
-    run = f", about {steps * step_s / 60:,.0f} minutes by the step-time model" if step_s else ""
+    run = _minutes(steps * step_s) if step_s else ""
     return (
       f"checkpoint_period={period} >= steps={steps}: the run saves at its last step only; a failure loses it all{run}"
     )
   return f"checkpoints every {period} steps of {steps}: a failure costs at most {period} steps{minutes}"
+
+
+def _minutes(seconds: float) -> str:
+  """', about N minutes by the step-time model' (under a minute: 'under a minute')."""
+  m = round(seconds / 60)
+  said = "under a minute" if m < 1 else "about 1 minute" if m == 1 else f"about {m:,} minutes"
+  return f", {said} by the step-time model"

@@ -7,7 +7,10 @@ Where each figure comes from:
   (`cudaGetDeviceProperties`), as recorded in XLA's GPU target specs (openxla/xla,
   xla/backends/gpu/target_config/specs/*.txtpb), which match NVIDIA's data sheets (H100 80 GB / 3.35 TB/s,
   H200 141 GB / 4.8 TB/s, B200 180 GB / 8 TB/s, GB200 186 GB / 8 TB/s, B300 and GB300 288 GB / 8 TB/s;
-  b300.txtpb: 158 SMs at 1.965 GHz, compute capability 10.3).
+  b300.txtpb: 158 SMs at 1.965 GHz, compute capability 10.3). XLA has no GH200 spec: its GPU is the H100
+  SXM's die (132 SMs, 1.98 GHz, 50 MiB of L2, compute capability 9.0) with 96 GB of HBM3 at 4 TB/s
+  (NVIDIA's GH200 data sheet), and its device memory is what nvidia-smi reports for "NVIDIA GH200 480GB",
+  97,871 MiB (logs of Lambda's and CoreWeave's GH200 machines).
 - Dense tensor-core peaks: NVIDIA's data sheets, which print them with 2:4 sparsity; these are half of
   those. H100/H200 SXM: bf16 989, fp8 1,979 TFLOP/s. DGX B200: bf16 2,250, fp8 and mxfp8 4,500. GB200 and
   GB300 NVL72 (per GPU, the rack's figure / 72): bf16 2,500, fp8 and mxfp8 5,000. HGX/DGX B300 (NVIDIA's
@@ -16,14 +19,21 @@ Where each figure comes from:
   and 108 dense, 13,500 per GPU (B200: 72 dense, 9,000); FP64 10 TFLOPS per board (B200: 296), the
   silicon Blackwell Ultra gave up for NVFP4 (NVIDIA's "Inside NVIDIA Blackwell Ultra" blog, 2025-08).
   The `nvfp4` peaks (dense): B200 9,000, GB200 10,000 (720 PFLOPS / 72), B300 13,500, GB300 15,000
-  (1,080 / 72); no GEMM class is timed in NVFP4 yet (config/quantization.py refuses te_nvfp4).
+  (1,080 / 72); no GEMM class is timed in NVFP4 yet (config/quantization.py refuses te_nvfp4). GH200: the
+  H100 SXM's (its data sheet: FP16/BF16 990, FP8 1,979 dense).
 - NVLink: 900 GB/s per GPU (NVLink 4, H100/H200) and 1.8 TB/s (NVLink 5, Blackwell, B300 included), both
   counted in both directions; the table keeps one direction. NVLink domain: the 8 GPUs of an HGX board, or
-  the 72 of an NVL72 rack.
+  the 72 of an NVL72 rack. GH200 nodes of four (HPE Cray EX254n and Eviden BullSequana XH3000 blades: CSCS
+  Alps, JUPITER, Isambard-AI) join their GPUs all to all over NVLink 4, 6 of each GPU's 18 links to each
+  peer: 450 GB/s per GPU and direction in all, 150 to any one peer; no switch.
 - Network: one ConnectX-7 400 Gb/s NIC per GPU (DGX H100/H200/B200, GB200 NVL72), ConnectX-8 800 Gb/s per
-  GPU (HGX B300: 1.6 TB/s per board of 8, both directions; GB300 NVL72), one direction.
+  GPU (HGX B300: 1.6 TB/s per board of 8, both directions; GB300 NVL72), one direction. GH200 nodes of four:
+  one 200 Gb/s adapter per GPU (Slingshot-11 on Alps and Isambard-AI, InfiniBand NDR200 on JUPITER).
 - Host memory per GPU: DGX H100/H200 2 TB / 8 GPUs; DGX B200 and DGX B300 2 TB / 8; NVL72: one Grace CPU
-  with 480 GB of LPDDR5X per 2 GPUs.
+  with 480 GB of LPDDR5X per 2 GPUs; GH200 nodes of four: 120 GB of LPDDR5X per Grace and its one GPU (the
+  smallest of those systems' 120-128 GB; single-superchip machines carry up to 480).
+- Host link (`host_link`, the step-time model's offload copies): PCIe 5 on HGX boards; NVLink-C2C on Grace
+  systems, 900 GB/s both directions per Grace, shared by 2 GPUs on NVL72 and held by one on GH200.
 """
 
 from dataclasses import dataclass, field
@@ -50,6 +60,7 @@ class GpuModel:
   clock_ghz: float
   l2_bytes: int
   hbm_bandwidth: float  # bytes/s
+  host_link: str = "pcie5"  # steptime.constants.HOST_LINK_GBS: pcie5, c2c (a Grace per 2 GPUs), c2c_one_gpu
   limits: dict[str, int] = field(default_factory=dict)  # per-SM limits that differ from `SM_LIMITS`
 
   @property
@@ -94,9 +105,13 @@ GPUS: dict[str, GpuModel] = {
     "NVIDIA B200", 191_514_411_008, 256, _BLACKWELL_HGX, 8, 8, 900, 50, "b200",
     (10, 0), 148, 1.965, 132_644_864, 7.67232e12,
   ),
+  "gh200": GpuModel(
+    "NVIDIA GH200 480GB", 97_871 * 2**20, 120, _HOPPER, 4, 4, 450, 25, "gh200",
+    (9, 0), 132, 1.98, 50 * 2**20, 4.0e12, "c2c_one_gpu",
+  ),
   "gb200": GpuModel(
     "NVIDIA GB200", 197_897_748_480, 240, _BLACKWELL_NVL72, 4, 72, 900, 50, "gb200",
-    (10, 0), 152, 2.062, 135_528_448, 7.928064e12,
+    (10, 0), 152, 2.062, 135_528_448, 7.928064e12, "c2c",
   ),
   "b300": GpuModel(
     "NVIDIA B300", 297_021_865_984, 256, _BLACKWELL_ULTRA_HGX, 8, 8, 900, 100, "b300",
@@ -104,7 +119,7 @@ GPUS: dict[str, GpuModel] = {
   ),
   "gb300": GpuModel(
     "NVIDIA GB300", 297_021_079_552, 240, _BLACKWELL_ULTRA_NVL72, 4, 72, 900, 100, "gb300",
-    (10, 3), 152, 2.07, 135_528_448, 7.928064e12,
+    (10, 3), 152, 2.07, 135_528_448, 7.928064e12, "c2c",
   ),
 }  # fmt: skip
 

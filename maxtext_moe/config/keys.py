@@ -76,7 +76,7 @@ class PluginKeys(BaseModel):
   gpus_per_node: int = Field(
     0,
     ge=0,
-    description="GPUs per node (0: the hardware's: 8 for h100/h200/b200/b300, 4 for gb200/gb300).",
+    description="GPUs per node (0: the hardware's: 8 for h100/h200/b200/b300, 4 for gh200/gb200/gb300).",
   )
   moe_impl: MoEImpl = Field(
     MoEImpl.DROPLESS,

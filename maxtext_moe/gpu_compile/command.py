@@ -22,7 +22,7 @@ from typing import Any
 from maxtext_moe.config import flags, hardware
 from maxtext_moe.errors import EXIT_COMPILER, RunEnded, UserError
 from maxtext_moe.gpu_compile import nccl_ep
-from maxtext_moe.gpu_compile.stand_ins import substitutions, te_ep_written_out
+from maxtext_moe.gpu_compile.stand_ins import staged_attention, substitutions, te_ep_written_out
 
 PLUGIN = "jax_plugins.xla_cuda12"
 
@@ -164,6 +164,8 @@ def compile_recipe(
   extra, said = substitutions(first, te_available=te_available)
   dump_to = hlo_dir / "xla" if hlo_dir else None
   recipe, cfg = _resolve(name, overrides, target, extra, dump_to)
+  if swapped := staged_attention(cfg, extra, said):  # stages without MLA: JAX's cuDNN attention vmaps
+    (extra, said), (recipe, cfg) = swapped, _resolve(name, overrides, target, swapped[0], dump_to)
   if te_available and (written := te_ep_written_out(cfg, target.devices)):  # `auto` as the container resolves it
     recipe, cfg = _resolve(name, overrides, target, [*extra, *written], dump_to)
   # The planner's figures first (it plans `auto` as the container resolves it): they also refuse, in one

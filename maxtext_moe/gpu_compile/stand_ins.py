@@ -44,22 +44,35 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     extra, said = extra + ep_extra, said + ep_said
   extra_te, said_te = _te_substitutions(keys.maxtext, te_available=te_available)
   extra, said = extra + extra_te, said + said_te
-  if str(keys.maxtext["attention"]) == "cudnn_flash_te" and stages > 1:  # MoE with stages: DeepSeek's MLA only
-    extra.append("attention=dot_product")
-    said.append(
-      "attention=cudnn_flash_te under pipeline stages with MLA: JAX's cuDNN attention (the stand-in without TE) "
-      "cannot be vmapped over the stages when the value head differs from the query's (its batching rule "
-      "reshapes the value by the key's shape); compiled with dot_product, whose scores (B x H x L x L) the "
-      "planner counts too: more than cuDNN's flash attention keeps, so the program here is an upper bound"
-    )
-  elif str(keys.maxtext["attention"]) == "cudnn_flash_te":
-    extra.append("attention=cudnn_flash_jax")
-    said.append(
-      "attention=cudnn_flash_te is TE's cuDNN flash attention, which asks the driver for its backend and builds "
-      "cuDNN graphs while the step is traced: compiled with cudnn_flash_jax, the same cuDNN fused attention "
-      "through XLA's own custom call (its workspace, which cuDNN sizes on a device, is not counted)"
-    )
+  if str(keys.maxtext["attention"]) == "cudnn_flash_te":  # with stages, `staged_attention` decides on MLA
+    extra.append(STAGED_MLA[0] if stages > 1 else CUDNN_JAX[0])
+    said.append(STAGED_MLA[1] if stages > 1 else CUDNN_JAX[1])
   return extra, said
+
+
+CUDNN_JAX = (
+  "attention=cudnn_flash_jax",
+  "attention=cudnn_flash_te is TE's cuDNN flash attention, which asks the driver for its backend and builds "
+  "cuDNN graphs while the step is traced: compiled with cudnn_flash_jax, the same cuDNN fused attention "
+  "through XLA's own custom call (its workspace, which cuDNN sizes on a device, is not counted)",
+)
+STAGED_MLA = (
+  "attention=dot_product",
+  "attention=cudnn_flash_te under pipeline stages with MLA: JAX's cuDNN attention (the stand-in without TE) "
+  "cannot be vmapped over the stages when the value head differs from the query's (its batching rule "
+  "reshapes the value by the key's shape); compiled with dot_product, whose scores (B x H x L x L) the "
+  "planner counts too: more than cuDNN's flash attention keeps, so the program here is an upper bound",
+)
+
+
+def staged_attention(cfg: Any, extra: list[str], said: list[str]) -> tuple[list[str], list[str]] | None:
+  """The stand-in for TE's attention under stages once the model is known: dot_product only where MLA's
+  value head differs from the query's (DeepSeek); Qwen3-MoE's and Mixtral's equal heads vmap in JAX's cuDNN
+  attention, as without stages. None where the first choice stands."""
+  if STAGED_MLA[0] not in extra or str(cfg.attention_type) == "mla":
+    return None
+  swap = {STAGED_MLA[0]: CUDNN_JAX[0], STAGED_MLA[1]: CUDNN_JAX[1]}
+  return [swap.get(e, e) for e in extra], [swap.get(s, s) for s in said]
 
 
 def _te_ep_substitution(recipe: Any, dispatch: str) -> tuple[list[str], list[str]]:

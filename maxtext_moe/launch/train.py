@@ -215,7 +215,7 @@ def train(
   flags.probe(recipe.flags.xla_flags)
   applied = environment.apply(recipe.flags)
   recipe, job = join_job(recipe, dist)
-  cfg = recipe.resolve()
+  cfg = (recipe.off_its_devices() if check_only else recipe).resolve()  # a check on a login node: the job's batch
   if check_only and off_devices.off_its_devices(cfg):
     return off_devices.check(cfg, name or str(recipe.path), recipe, overrides, check_resume_layout)
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())

@@ -109,6 +109,9 @@ HOST_LINK_GBS = {  # one direction, per GPU
   "c2c": Constant(
     225.0, "NVLink-C2C: 900 GB/s bidirectional per Grace CPU and its 2 Blackwell GPUs (NVIDIA GB200/GB300 data sheet)"
   ),
+  "c2c_one_gpu": Constant(
+    450.0, "NVLink-C2C: 900 GB/s bidirectional per Grace CPU and its one GPU (NVIDIA GH200 data sheet)"
+  ),
 }
 
 
@@ -117,8 +120,8 @@ def constant(name: str) -> float:
 
 
 def host_link_gbs(gpu) -> float:
-  """The host link's bandwidth per GPU and direction, GB/s: NVLink-C2C on Grace systems, PCIe 5 otherwise."""
-  return HOST_LINK_GBS["c2c" if gpu.nvlink_domain > 8 else "pcie5"].value
+  """The host link's bandwidth per GPU and direction, GB/s (the hardware table's `host_link`)."""
+  return HOST_LINK_GBS[gpu.host_link].value
 
 
 def exchange_beside(chunks: int) -> float:

@@ -33,9 +33,15 @@ def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) ->
   from maxtext_moe.upstream.resolution import maxtext_base_defaults
 
   read = resolution.read(recipe, overrides)
-  ours = read.resolve().model_dump(mode="json")
+  job = read.off_its_devices()  # a GPU recipe away from its GPUs: the batch keys as its job counts devices
+  ours = job.resolve().model_dump(mode="json")
   base = maxtext_base_defaults()
-  lines = [f"# recipe: {read.path}", f"# overrides: {' '.join(read.overrides) or '(none)'}", "plugin_keys:"]
+  lines = [f"# recipe: {read.path}", f"# overrides: {' '.join(read.overrides) or '(none)'}"]
+  if job is not read:
+    lines.append(
+      f"# devices: the job's {read.keys.layout.devices} GPUs (internal_compile_num_devices), not this machine's"
+    )
+  lines.append("plugin_keys:")
   lines += [_yaml_entry(key, ours[key]) for key in PLUGIN_KEY_NAMES]
   if show_all:
     lines.append("maxtext_keys:")

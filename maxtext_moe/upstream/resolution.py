@@ -261,6 +261,20 @@ class Recipe:
     shared = datetime.datetime.strptime(f"{day:08d}{second:06d}", "%Y%m%d%H%M%S")
     return replace(self, overrides=[*self.user_overrides, *derived_overrides(self.keys, shared), *extra])
 
+  def off_its_devices(self) -> "Recipe":
+    """This recipe as its job's devices see it, resolved where they are not (a GPU recipe on a login node or a
+    CPU machine): MaxText counts the devices named by `internal_compile_num_devices` instead of this
+    machine's, as `plan` and `compile` do, so its batch keys and a pipeline's microbatch check are the job's.
+    Unchanged for a CPU recipe or where this machine has the recipe's GPUs."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    want = self.keys.layout.devices
+    if str(self.keys.plugin.recipe_hardware) == "cpu" or want <= 0:
+      return self
+    if jax.default_backend() == "gpu" and jax.device_count() == want:
+      return self
+    return replace(self, overrides=[*self.overrides, "internal_compile=true", f"internal_compile_num_devices={want}"])
+
   def resolve(self) -> MoEMaxTextConfig:
     """Step 7, the one MaxText resolution of this recipe. It starts the JAX backend first, unless dump_hlo is on:
     MaxText's validation fills an unset XLA_FLAGS with HLO-dump flags (`validate_and_set_hlo_dump_defaults`,
