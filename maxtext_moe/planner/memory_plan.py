@@ -202,7 +202,7 @@ def resolved(path: Any, overrides: list[str]) -> Any:
 
   keys = resolution.layer_keys(path, overrides)
   n = keys.layout.devices
-  job = ["internal_compile=true", f"internal_compile_num_devices={n}"] if n > 0 else []
+  job = resolution.job_devices(n) if n > 0 else []
   return resolution.hyperparameters(resolution.resolve(path, [*overrides, *job], keys=keys))
 
 

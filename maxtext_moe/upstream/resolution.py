@@ -221,6 +221,11 @@ def resolved(config_path: str | Path, overrides: list[str]) -> Any:
   return mt.hyperparameters(resolve(config_path, overrides))
 
 
+def job_devices(n: int) -> list[str]:
+  """MaxText counts `n` devices, not this machine's (batch keys, microbatch check): plan, compile, checks."""
+  return ["internal_compile=true", f"internal_compile_num_devices={n}"]
+
+
 def maxtext_base_defaults() -> dict[str, Any]:
   """MaxText's own base.yml, resolved with no plugin layers, as JSON-able values (for `maxtext-moe config`)."""
   mt.install_resolvers(recipes.configs_dir())
@@ -273,7 +278,7 @@ class Recipe:
       return self
     if jax.default_backend() == "gpu" and jax.device_count() == want:
       return self
-    return replace(self, overrides=[*self.overrides, "internal_compile=true", f"internal_compile_num_devices={want}"])
+    return replace(self, overrides=[*self.overrides, *job_devices(want)])
 
   def resolve(self) -> MoEMaxTextConfig:
     """Step 7, the one MaxText resolution of this recipe. It starts the JAX backend first, unless dump_hlo is on:
