@@ -433,6 +433,24 @@ def test_under_pipeline_stages_attention_stands_in_as_dot_product():
   assert "moe_dispatch=all_to_all" in extra and "moe_buffers=worst_case" in extra, extra
 
 
+def test_under_pipeline_stages_a_model_without_mla_keeps_cudnn_attention():
+  """Qwen3-MoE's and Mixtral's value heads equal their query's, so JAX's cuDNN attention vmaps over the stages:
+  once the model is resolved the dot_product stand-in (MLA's only) goes back to cudnn_flash_jax, said so."""
+  from types import SimpleNamespace
+
+  from maxtext_moe.gpu_compile.stand_ins import staged_attention, substitutions
+  from maxtext_moe.upstream import resolution
+
+  r = resolution.read("gh200x4/qwen3-30b-a3b", [], keep_process_flags=False)
+  extra, said = substitutions(r, te_available=False)
+  assert "attention=dot_product" in extra  # before the model is known
+  assert staged_attention(SimpleNamespace(attention_type="mla"), extra, said) is None
+  swapped, words = staged_attention(SimpleNamespace(attention_type="global"), extra, said)
+  assert "attention=cudnn_flash_jax" in swapped and "attention=dot_product" not in swapped
+  assert [w for w in words if w.startswith("attention=")][0].startswith("attention=cudnn_flash_te is TE's cuDNN")
+  assert len(swapped) == len(extra) and len(words) == len(said)
+
+
 def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):
   import jax
 
