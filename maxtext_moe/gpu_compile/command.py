@@ -98,8 +98,8 @@ def _resolve(
   from maxtext_moe.launch import environment  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
-  deviceless = ["skip_jax_distributed_system=true", "internal_compile=true"]
-  deviceless += [f"internal_compile_num_devices={target.devices}", f"recipe_num_devices={target.devices}"]
+  deviceless = ["skip_jax_distributed_system=true", *resolution.job_devices(target.devices)]
+  deviceless += [f"recipe_num_devices={target.devices}"]
   recipe = resolution.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
   if dump_to is not None:
     dump = [f"--xla_dump_to={dump_to}", "--xla_dump_hlo_as_text=true", "--xla_dump_hlo_module_re=jit_train_step"]

@@ -8,16 +8,6 @@ from maxtext_moe.config import checkpointing, checks
 from maxtext_moe.errors import UserError
 from maxtext_moe.launch.preflight import check_inputs
 
-
-def off_its_devices(cfg: Any) -> bool:
-  """A GPU recipe checked where its GPUs are not (a login node): no GPU backend, or not its device count."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  want = int(cfg.recipe_num_devices)
-  gpu = str(cfg.recipe_hardware) != "cpu"
-  return gpu and (jax.default_backend() != "gpu" or (want > 0 and jax.device_count() != want))
-
-
 # What `train --check` cannot check off the job's GPUs: each runs when the job starts.
 SKIPPED_OFF_DEVICES = (
   "the devices each process sees and their NVLink domains",

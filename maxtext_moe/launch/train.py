@@ -215,8 +215,9 @@ def train(
   flags.probe(recipe.flags.xla_flags)
   applied = environment.apply(recipe.flags)
   recipe, job = join_job(recipe, dist)
-  cfg = (recipe.off_its_devices() if check_only else recipe).resolve()  # a check on a login node: the job's batch
-  if check_only and off_devices.off_its_devices(cfg):
+  away = check_only and recipe.away_from_its_gpus()  # a check on a login node: the job's devices and batch
+  cfg = (recipe.as_its_job() if away else recipe).resolve()
+  if away:
     return off_devices.check(cfg, name or str(recipe.path), recipe, overrides, check_resume_layout)
   check_visible_devices(cfg, visible=jax.device_count(), processes=jax.process_count())
   check_platform(cfg, platform=jax.default_backend())

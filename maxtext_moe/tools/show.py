@@ -33,7 +33,7 @@ def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) ->
   from maxtext_moe.upstream.resolution import maxtext_base_defaults
 
   read = resolution.read(recipe, overrides)
-  job = read.off_its_devices()  # a GPU recipe away from its GPUs: the batch keys as its job counts devices
+  job = read.as_its_job()  # a GPU recipe away from its GPUs: the batch keys as its job counts devices
   ours = job.resolve().model_dump(mode="json")
   base = maxtext_base_defaults()
   lines = [f"# recipe: {read.path}", f"# overrides: {' '.join(read.overrides) or '(none)'}"]

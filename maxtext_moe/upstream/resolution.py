@@ -266,19 +266,18 @@ class Recipe:
     shared = datetime.datetime.strptime(f"{day:08d}{second:06d}", "%Y%m%d%H%M%S")
     return replace(self, overrides=[*self.user_overrides, *derived_overrides(self.keys, shared), *extra])
 
-  def off_its_devices(self) -> "Recipe":
-    """This recipe as its job's devices see it, resolved where they are not (a GPU recipe on a login node or a
-    CPU machine): MaxText counts the devices named by `internal_compile_num_devices` instead of this
-    machine's, as `plan` and `compile` do, so its batch keys and a pipeline's microbatch check are the job's.
-    Unchanged for a CPU recipe or where this machine has the recipe's GPUs."""
+  def away_from_its_gpus(self) -> bool:
+    """A GPU recipe where its GPUs are not (a login node, a CPU machine): no GPU backend, or not its count."""
     import jax  # pylint: disable=import-outside-toplevel
 
-    want = self.keys.layout.devices
-    if str(self.keys.plugin.recipe_hardware) == "cpu" or want <= 0:
-      return self
-    if jax.default_backend() == "gpu" and jax.device_count() == want:
-      return self
-    return replace(self, overrides=[*self.overrides, *job_devices(want)])
+    want, gpu = self.keys.layout.devices, str(self.keys.plugin.recipe_hardware) != "cpu"
+    return gpu and (jax.default_backend() != "gpu" or (want > 0 and jax.device_count() != want))
+
+  def as_its_job(self) -> "Recipe":
+    """Away from its GPUs, this recipe with MaxText counting the job's devices (`job_devices`), as `plan` and
+    `compile` resolve it: its batch keys and a pipeline's microbatch check are the job's. Else unchanged."""
+    away = self.keys.layout.devices > 0 and self.away_from_its_gpus()
+    return replace(self, overrides=[*self.overrides, *job_devices(self.keys.layout.devices)]) if away else self
 
   def resolve(self) -> MoEMaxTextConfig:
     """Step 7, the one MaxText resolution of this recipe. It starts the JAX backend first, unless dump_hlo is on:
