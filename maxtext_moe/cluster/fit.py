@@ -4,12 +4,13 @@ scripts/slurm/train.sbatch), not after every node was scheduled.
 
 The node layout (whole NVLink domains, the DCN degrees, the nearest node counts that divide) is the
 recipe's resolution (config/nodes.py) and the tensor divisibility planner/divisibility.py's, both reached
-through `memory_plan`; the memory verdict and its cheapest fix are `memory_plan`'s own. Nothing is
-re-derived here.
+through `memory_plan`; the memory verdict and its cheapest fix are `memory_plan`'s own. A local checkpoint
+the recipe loads is checked against its model first (checkpoint/model_check.py). Nothing is re-derived here.
 """
 
 from dataclasses import dataclass
 
+from maxtext_moe.checkpoint import model_check
 from maxtext_moe.errors import UserError
 from maxtext_moe.planner.estimate import GIB, Estimate
 from maxtext_moe.planner.memory_plan import MemoryPlan, memory_plan
@@ -58,8 +59,10 @@ class Verdict:
 
 
 def check(recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None) -> Verdict:
-  """`plan RECIPE overrides` as a launcher must take it: a layout that does not divide, or that plan says
-  does not fit, is a UserError (one line, with plan's cheapest fix); else the verdict."""
+  """`plan RECIPE overrides` as a launcher must take it: a local checkpoint that does not hold the model's
+  parameters, a layout that does not divide, or one that plan says does not fit, is a UserError (one line,
+  with the fix); else the verdict."""
+  model_check.check_recipe(recipe, overrides)  # the model the plan is of must be the checkpoint's
   p = memory_plan(recipe, overrides, gpus=gpus, gpu_mem_gib=gpu_mem_gib)  # layout, divisibility: raised here
   e = p.base
   if e.fits:

@@ -73,17 +73,29 @@ def check_nvlink_domains(cfg: Any, devices: list) -> None:
   )
 
 
-def check_layout_divides(cfg: Any, *, num_devices: int) -> None:
+def model_leaves(cfg: Any) -> list:
+  """The run's parameter tree (`upstream.maxtext.model.param_leaves`: a trace, nothing allocated), for the
+  checks below."""
+  from maxtext_moe.upstream.maxtext import config, model  # pylint: disable=import-outside-toplevel
+
+  return model.param_leaves(config.hyperparameters(cfg))
+
+
+def check_layout_divides(cfg: Any, leaves: list, *, num_devices: int) -> None:
   """Every parameter splits evenly over its mesh axes (else JAX refuses the train state with a traceback
   from inside MaxText): one line naming the tensor and the nearest layout that divides."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.maxtext import (
-    config,  # pylint: disable=import-outside-toplevel
-    model,  # pylint: disable=import-outside-toplevel
-  )
+  from maxtext_moe.upstream.maxtext import config  # pylint: disable=import-outside-toplevel
 
-  hp = config.hyperparameters(cfg)
-  divisibility.check(hp, model.param_leaves(hp), num_devices)
+  divisibility.check(config.hyperparameters(cfg), leaves, num_devices)
+
+
+def check_checkpoint_matches(cfg: Any, leaves: list) -> None:
+  """The checkpoint the run loads holds this model's parameters, read from its metadata before MaxText's
+  restore (checkpoint/model_check.py): one line naming the first tensor that differs."""
+  from maxtext_moe.checkpoint import model_check  # pylint: disable=import-outside-toplevel
+
+  model_check.check(cfg, model_check.ModelTree.as_run(cfg, leaves))
 
 
 def check_platform(cfg: Any, *, platform: str) -> None:
@@ -177,9 +189,10 @@ def jax_platform() -> str:
 def check_inputs(cfg: Any) -> None:
   """What the run reads and writes, before its directory is created: the output directory, the batch,
   the data files and the tokenizer; the checkpoint it loads read at its own scan axis."""
+  from maxtext_moe.checkpoint.model_check import check_scan_axis  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.paths import data_files, unwritable_reason  # pylint: disable=import-outside-toplevel
 
-  check_checkpoint_scan_axis(cfg)
+  check_scan_axis(cfg)
   why = unwritable_reason(cfg.base_output_directory)
   if why:
     raise UserError(f"base_output_directory={cfg.base_output_directory}: {why}; choose a directory you can write")
@@ -214,38 +227,3 @@ def absolute_checkpoint_paths(cfg: Any) -> Any:
     if value and "://" not in value and not Path(value).is_absolute():
       update[key] = str(Path(value).absolute())
   return cfg.model_copy(update=update) if update else cfg
-
-
-def check_checkpoint_scan_axis(cfg: Any) -> None:
-  """A local checkpoint's stacked layer weights carry their layer axis where `param_scan_axis` says (MaxText
-  reads them as they are, and a mismatch is a traceback listing every tensor): the converter, and a run at
-  MaxText's default, write it at 1; offload=optimizer_params sets 0. Read off one layer norm's scale:
-  (emb, layers) at 1, (layers, emb) at 0."""
-  import ast  # pylint: disable=import-outside-toplevel
-  import json  # pylint: disable=import-outside-toplevel
-
-  path = cfg.load_parameters_path or cfg.load_full_state_path
-  if not path or "://" in str(path) or not bool(cfg.scan_layers):
-    return
-  items = Path(path) if (Path(path) / "_METADATA").is_file() else Path(path) / "items"
-  try:
-    names = json.loads((items / "_METADATA").read_text())["tree_metadata"]
-  except (OSError, ValueError, KeyError):
-    return  # check_finetune_has_weights names a missing or foreign checkpoint
-  norm = next((n for n in names if n.endswith("'pre_self_attention_layer_norm', 'scale')")), None)
-  if norm is None:
-    return
-  from maxtext_moe.checkpoint.orbax_io import LeafReader  # pylint: disable=import-outside-toplevel
-
-  shape = LeafReader(items).shape(ast.literal_eval(norm))
-  emb, want = int(cfg.emb_dim), int(cfg.param_scan_axis)
-  if len(shape) != 2 or shape[0] == shape[1] or emb not in shape:
-    return
-  stored = 1 - shape.index(emb)
-  if stored != want:
-    why = " (offload=optimizer_params sets it: MaxText offloads parameters only so)" * (want == 0)
-    fix = "use offload=optimizer" if want == 0 else f"set param_scan_axis={stored}"
-    raise UserError(
-      f"{path} stores its stacked layer weights with the layer axis at {stored} (a converted checkpoint, or a run "
-      f"at MaxText's default, has 1), and this config reads them at param_scan_axis={want}{why}: {fix}"
-    )

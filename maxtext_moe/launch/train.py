@@ -22,12 +22,14 @@ from maxtext_moe.errors import RunEnded, UserError
 from maxtext_moe.launch import off_devices
 from maxtext_moe.launch.preflight import (
   absolute_checkpoint_paths,
+  check_checkpoint_matches,
   check_inputs,
   check_layout_divides,
   check_moe_path,
   check_nvlink_domains,
   check_platform,
   check_visible_devices,
+  model_leaves,
 )
 
 
@@ -226,7 +228,9 @@ def train(
   check_moe_path(cfg)
   check_inputs(cfg)
   trainer.validate(cfg)  # MaxText's own assertions (steps > 0, ...), as one line before anything is written
-  check_layout_divides(cfg, num_devices=jax.device_count())  # traces the model: needs a batch (above)
+  leaves = model_leaves(cfg)  # traces the model: needs a batch (above)
+  check_layout_divides(cfg, leaves, num_devices=jax.device_count())
+  check_checkpoint_matches(cfg, leaves)  # before MaxText's restore, which would find it after the devices
   if check_only:
     return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}
   check_resume_layout(cfg)

@@ -120,6 +120,7 @@ _LAYER_OTHER_KEYS += ("dump_hlo_local_module_name",)
 MAXTEXT_LAYER_KEYS = {"num_slices": 1, "attention": "autoselected", "ici_expert_parallelism": 1}
 MAXTEXT_LAYER_KEYS |= {"te_moe_block": False, "quantization": ""}  # what compile substitutes (and, below, stages)
 MAXTEXT_LAYER_KEYS |= {"dcn_expert_parallelism": 1, "ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": 1}
+MAXTEXT_LAYER_KEYS |= {"load_parameters_path": "", "load_full_state_path": ""}  # a launcher checks (model_check.py)
 _LAYER_ERRORS = (pydantic.ValidationError, ValueError, yaml.YAMLError, omegaconf.errors.OmegaConfBaseException)
 
 
