@@ -288,3 +288,50 @@ def test_bounded_rounds_under_the_stages_vmap_run_each_stages_own_rounds():
     want_grads = jax.jit(jax.grad(alone, argnums=(0, 1, 2, 3, 4)))(x[s_], weights[s_], *(a[s_] for a in w))
     for a, b in zip(grads, want_grads, strict=True):
       np.testing.assert_allclose(a[s_], b, **TOL)
+
+
+def _fsdp_mesh():
+  return Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "expert"))
+
+
+@functools.cache
+def _fsdp_block(specs):
+  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL, window_sizes=(2, 8))
+  block = functools.partial(moe_block, mesh=_fsdp_mesh(), expert_axis="expert", settings=settings)
+  return jax.jit(functools.partial(block, weight_specs=specs) if specs else block)
+
+
+def test_weights_stored_split_over_fsdp_are_gathered_in_the_block_and_their_gradients_reduce_scattered():
+  """Expert weights stored over (expert, fsdp) are taken so and gathered inside the block: the outputs and
+  every gradient are EP=1's, and the compiled step reduce-scatters the weights' gradients over fsdp (an
+  all-reduce over data of the shard) where taking them replicated all-reduced the whole gradient over every
+  token axis."""
+  x, ids, weights = _tokens()
+  w = _weights()
+  specs = (P("expert", "fsdp", None), P("expert", "fsdp", None), P("expert", None, "fsdp"))
+  mesh = _fsdp_mesh()
+  stored = [jax.device_put(a, jax.sharding.NamedSharding(mesh, s)) for a, s in zip(w, specs, strict=True)]
+
+  def loss(block):
+    def f(x, weights, w0, w1, wo):
+      return jnp.sum(block(x, ids, weights, w0, w1, wo)[0] * jnp.cos(jnp.arange(D)))
+
+    return f
+
+  ref = jax.jit(functools.partial(moe_block, mesh=_mesh(1), expert_axis=None, settings=MoESettings()))
+  ref_y, _ = ref(x, ids, weights, *w)
+  got_y, _ = _fsdp_block(specs)(x, ids, weights, *stored)
+  np.testing.assert_allclose(got_y, ref_y, **TOL)
+  grads_ref = jax.grad(loss(ref), argnums=(0, 1, 2, 3, 4))(x, weights, *w)
+  step = jax.jit(jax.grad(loss(_fsdp_block(specs)), argnums=(0, 1, 2, 3, 4)))
+  grads = step(x, weights, *stored)
+  for a, b in zip(grads, grads_ref, strict=True):
+    np.testing.assert_allclose(a, b, **TOL)
+  for g, s in zip(grads[2:], specs, strict=True):
+    stored_so = jax.sharding.NamedSharding(mesh, s)
+    assert g.sharding.is_equivalent_to(stored_so, g.ndim), "the gradient leaves the block split as stored"
+  hlo = step.lower(x, weights, *stored).compile().as_text()
+  old = jax.jit(jax.grad(loss(_fsdp_block(None)), argnums=(2, 3, 4))).lower(x, weights, *stored).compile().as_text()
+  whole = f"f32[{E // 2},{D},{F}]"  # one expert rank's whole kernel
+  assert "reduce-scatter(" in hlo and not any("all-reduce(" in ln and whole in ln for ln in hlo.splitlines())
+  assert any("all-reduce(" in ln and whole in ln for ln in old.splitlines()), "the replicated intake all-reduced it"

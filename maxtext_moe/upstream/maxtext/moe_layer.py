@@ -139,6 +139,13 @@ def _compute_weights(layer: Any, kernels: tuple, dtype: Any) -> tuple:
   return tuple(layer._maybe_shard_with_logical(w.astype(dtype), a) for w, a in zip((w0, w1, wo), axes, strict=True))  # pylint: disable=protected-access
 
 
+def _stored_specs(layer: Any) -> tuple:
+  """How the experts' kernels are stored over the mesh (MaxText's kernel axes resolved, as
+  `_compute_weights` constrains them): the block takes them so and gathers them itself."""
+  axes = (layer.wi_kernel_axes, layer.wi_kernel_axes, layer.wo_kernel_axes)
+  return tuple(layer._logical_to_mesh_axes(a) for a in axes)  # pylint: disable=protected-access
+
+
 def dropless_sparse_matmul(
   self,
   inputs,
@@ -183,6 +190,7 @@ def dropless_sparse_matmul(
     expert_axis=mesh_axes.EXPERT if ep > 1 else None,
     settings=settings_from_config(self.config),
     vmapped_axes=pipeline.vmapped_axes(self.config),
+    weight_specs=_stored_specs(self),
   )
   stats[BIAS] = _bias_magnitude(self)
   for name, value in stats.items():
