@@ -17,11 +17,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import IO, Any
 
 from maxtext_moe.bench.report import emit
 from maxtext_moe.errors import UserError
+from maxtext_moe.gpu_compile.child import TE_PYTHON, compile_in_child
 
 CASES: dict[str, tuple[str, list[str]]] = {
   "tiny fsdp=8": ("cpu/deepseek3-tiny", []),
@@ -55,7 +55,6 @@ GPU_TE_CASES: dict[str, tuple[str, list[str]]] = {
   "h100x8 deepseek3-671b te": ("h100x8/deepseek3-671b", []),
   "h200x8 deepseek3-671b te": ("h200x8/deepseek3-671b", []),
 }
-TE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-te" / "bin" / "python"
 
 
 def xla_memory(recipe: str, overrides: list[str], *, devices: int = DEVICES) -> dict[str, int]:
@@ -98,15 +97,12 @@ def compare(name: str, *, devices: int = DEVICES) -> dict[str, Any]:
 
 
 def gpu_compile(recipe: str, overrides: list[str], *, python: str = sys.executable) -> dict[str, Any]:
-  """`maxtext-moe compile RECIPE --json` in a child process (its own flag environment and backends), run by
-  `python` (the TE environment's for the TE cases)."""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  cmd = [python, "-m", "maxtext_moe", "compile", recipe, *overrides, "--json"]
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-  lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-  if not lines:
-    raise RuntimeError(f"compile {recipe} {overrides} failed:\n{proc.stderr[-3000:]}")
-  return json.loads(lines[-1])
+  """`maxtext-moe compile RECIPE --json` in a child process (`gpu_compile.child`), run by `python` (the TE
+  environment's for the TE cases)."""
+  done = compile_in_child(recipe, overrides, python=python)
+  if done.report is None:
+    raise RuntimeError(f"compile {recipe} {overrides} failed: {done.error}")
+  return done.report
 
 
 def run_gpu(*, out: IO[str], as_json: bool = False, only: str | None = None, te: bool = False) -> dict[str, Any]:

@@ -10,8 +10,10 @@ from maxtext_moe.errors import UserError
 
 
 def _plan(ns: argparse.Namespace, out: IO[str]) -> int:
+  from maxtext_moe.gpu_compile import verify
   from maxtext_moe.planner.memory_plan import memory_plan
 
+  verify.check_count(ns.verify, search=ns.search)
   if ns.search:
     return _search(ns, out)
   if ns.write or ns.top is not None or ns.tensor:
@@ -86,6 +88,7 @@ def _check(ns: argparse.Namespace, recipe: str, overrides: list[str], out: IO[st
 
 def _search(ns: argparse.Namespace, out: IO[str]) -> int:
   """`plan MODEL --gpu GPU --nodes N --search [--write FILE.yml]`."""
+  import functools
   import shlex
   import sys
 
@@ -120,15 +123,37 @@ def _search(ns: argparse.Namespace, out: IO[str]) -> int:
       f"no layout of {model} fits {ctx.num_devices} GPUs ({tried} tried, offload included): use more nodes "
       "(--nodes) or GPUs with more memory"
     )
+  command = shlex.join(["maxtext-moe", *sys.argv[1:]]) if sys.argv[1:2] == ["plan"] else "maxtext-moe plan --search"
+  search_text = functools.partial(search.recipe_text, base, command=command, hbm_gib=ctx.hbm_gib)
+  found, verified = _verified(ns, found, text_of=search_text)
+  result["layouts"] = [f.row() for f in found[:top]]
+  if verified:
+    result["verified"] = [v.row() for v in verified]
   if ns.write:
-    command = shlex.join(["maxtext-moe", *sys.argv[1:]]) if sys.argv[1:2] == ["plan"] else "maxtext-moe plan --search"
-    text = search.recipe_text(base, found[0], command=command, hbm_gib=ctx.hbm_gib)
+    chosen = next((v for v in verified if v.fits), None)  # with --verify, the first that compiled to fit
+    text = search_text(found[0], compiled=chosen.row()) if chosen else search_text(found[0])
     _write_recipe(Path(ns.write), text)
     result["written"] = str(Path(ns.write).resolve())
-  emit(search.table(found, top=top, title=title), result, as_json=ns.json, out=out, width=200)
+  emit(search.table(found, top=top, title=title, verified=verified), result, as_json=ns.json, out=out, width=200)
   if ns.write and not ns.json:
-    print(f"wrote the first as a recipe: {ns.write} (maxtext-moe compile {ns.write} checks it)", file=out)
+    what = "the first that compiles to fit" if verified else "the first"
+    print(f"wrote {what} as a recipe: {ns.write} (maxtext-moe compile {ns.write} checks it)", file=out)
   return 0
+
+
+def _verified(ns: argparse.Namespace, found: list, *, text_of) -> tuple[list, list]:
+  """(the layouts, those `--verify K` compiled): without --verify as the search ranked them; with it, the
+  first K compiled as the recipe files they would be written as, ranked again by what compiles to fit (none
+  does: one line)."""
+  import sys
+
+  from maxtext_moe.gpu_compile import verify
+
+  if not ns.verify:
+    return found, []
+  verified = verify.verify(found, ns.verify, text_of=text_of, progress=sys.stderr)
+  verify.first_fitting(verified)
+  return verify.reranked(found, verified), verified
 
 
 def _writable_recipe(path, *, force: bool) -> None:
@@ -244,6 +269,14 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     "one error line, exit 2 (scripts/slurm/train.sbatch runs it before starting the tasks)",
   )
   p.add_argument("--top", type=int, help="with --search: how many layouts to print (8)")
+  p.add_argument(
+    "--verify",
+    type=int,
+    metavar="K",
+    help="with --search: compile the first K layouts with XLA:GPU on this machine (minutes each; Transformer "
+    "Engine's kernels where ./setup.sh --gpu-compile-te made .venv-te), show compiled GiB beside planned, rank "
+    "what compiles to fit first, and with --write write the first that does (none does: exit 2)",
+  )
   p.add_argument(
     "--tensor",
     action="store_true",

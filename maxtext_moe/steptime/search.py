@@ -198,12 +198,16 @@ def ranked(found: list[Found]) -> list[Found]:
   )
 
 
-def table(found: list[Found], *, top: int, title: str) -> Any:
+def table(found: list[Found], *, top: int, title: str, verified: list | None = None) -> Any:
+  """The ranked layouts; with `verified` (`gpu_compile.verify.Verified`, `plan --verify`) the GiB XLA:GPU
+  compiled each to beside the planner's."""
   from rich.table import Table  # pylint: disable=import-outside-toplevel
 
+  compiled = {id(v.found): v for v in verified or []}
   t = Table(title=title)
   columns = ("#", "EP x FSDP (x TP) per domain", "across domains", "stages", "microbatches", "batch/GPU (global)")
-  for col in (*columns, "remat", "offload", "GiB/GPU", "TFLOP/s/GPU", "tokens/s/GPU", "gives up"):
+  columns += ("remat", "offload", "GiB/GPU") + (("compiled GiB",) if compiled else ())
+  for col in (*columns, "TFLOP/s/GPU", "tokens/s/GPU", "gives up"):
     t.add_column(col, justify="left" if col in ("remat", "offload", "gives up", "across domains") else "right")
   for i, f in enumerate(found[:top], 1):
     lay = f.layout
@@ -214,14 +218,26 @@ def table(found: list[Found], *, top: int, title: str) -> Any:
       str(i), f"{lay.ep} x {lay.fsdp}" + f" x TP {lay.tp}" * (lay.tp > 1), across or "-",
       (f"{lay.stages}" + f" x {lay.repeats} repeats" * (lay.repeats > 1)) if staged else "-",
       f"{lay.microbatches} ({lay.bubble:.1%} bubble)" if staged else "-", f"{lay.batch} ({f.global_batch:,})",
-      lay.remat, lay.offload, f"{f.device_gib:.1f}", f"{f.prediction.tflops_per_gpu:,.0f}",
-      f"{f.prediction.tokens_per_s_per_gpu:,.0f}", lay.gives_up(),
+      lay.remat, lay.offload, f"{f.device_gib:.1f}", *([_compiled_cell(compiled.get(id(f)))] if compiled else []),
+      f"{f.prediction.tflops_per_gpu:,.0f}", f"{f.prediction.tokens_per_s_per_gpu:,.0f}", lay.gives_up(),
     )  # fmt: skip
   return t
 
 
-def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | None) -> str:
-  """The chosen layout as a recipe file: the base's keys, then the cluster's and the layout's."""
+def _compiled_cell(v: Any) -> str:
+  """A layout's compiled GiB and verdict in the table ('-': not compiled)."""
+  if v is None:
+    return "-"
+  if v.compiled_gib is None:
+    return "did not compile"
+  return f"{v.compiled_gib:.1f} " + ("fits" if v.fits else "DOES NOT FIT")
+
+
+def recipe_text(
+  base: Base, chosen: Found, *, command: str, hbm_gib: float | None, compiled: dict[str, Any] | None = None
+) -> str:
+  """The chosen layout as a recipe file: the base's keys, then the cluster's and the layout's; `compiled`:
+  what `--verify`'s compile of this very file found (`gpu_compile.verify.Verified.row`), said in the header."""
   pred, lay = chosen.prediction, chosen.layout
   stages = f", {lay.stages} pipeline stages of {lay.per_stage} layers" + f" x {lay.repeats} repeats" * (lay.repeats > 1)
   stages = (stages + f" x {lay.microbatches} microbatches") * (lay.stages > 1)
@@ -235,7 +251,12 @@ def recipe_text(base: Base, chosen: Found, *, command: str, hbm_gib: float | Non
     f"{lay.remat} remat, offload {lay.offload}, global batch {chosen.global_batch:,} sequences.",
     f"Planned {chosen.device_gib:.1f} GiB per GPU" + (f" of {hbm_gib:.1f} usable" if hbm_gib else "") + "; "
     f"step-time model: {pred.tflops_per_gpu:,.0f} TFLOP/s and {pred.tokens_per_s_per_gpu:,.0f} tokens/s per GPU.",
-    "Check it for your GPUs before a run: maxtext-moe compile THIS_FILE (XLA:GPU, any machine).",
+    (
+      f"Compiled by XLA:GPU (plan --verify): {compiled['compiled_gib']:.1f} GiB per GPU of "
+      f"{compiled['usable_gib']:.1f} usable. Compile it again after a change: maxtext-moe compile THIS_FILE."
+      if compiled
+      else "Check it for your GPUs before a run: maxtext-moe compile THIS_FILE (XLA:GPU, any machine)."
+    ),
     "--nodes N on any command runs it on N nodes (the cross-node axis is the -1 one).",
     f"checkpoint_period: about {checkpointing.MINUTES} minutes of steps at the model's {pred.step_s:.2f} s a step "
     "(a failure costs at most that).",
