@@ -33,6 +33,18 @@ class OffloadPreset(StrEnum):
 OFFLOADED_ACTIVATIONS = ("decoder_layer_input", "out_proj", "mlpwo", *REMAT_NAMES)
 
 
+# The presets that set param_scan_axis=0 (MaxText offloads parameters only so): a converted checkpoint, and a
+# run's at MaxText's default, keep the layer axis at 1, which a run at 0 cannot read (`checkpoint/model_check.py`
+# refuses it at launch). A recipe that starts from weights is never offered them (the planner's fixes, the search).
+LAYER_AXIS_ZERO = frozenset({OffloadPreset.OPTIMIZER_PARAMS, OffloadPreset.ALL})
+
+
+def takes(preset: str | None, *, loads_weights: bool) -> bool:
+  """Whether a recipe can take `preset`: one that loads a checkpoint (a fine-tune) cannot put the layer axis
+  at 0 (`LAYER_AXIS_ZERO`)."""
+  return not (loads_weights and preset in LAYER_AXIS_ZERO)
+
+
 def preset_overrides(preset: OffloadPreset | str | None) -> list[str]:
   """MaxText key=value overrides for `preset` (None or 'none': no offload)."""
   if preset in (None, "none"):

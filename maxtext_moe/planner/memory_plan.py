@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from maxtext_moe.config import hardware
+from maxtext_moe.config import hardware, offload
 from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
@@ -139,13 +139,16 @@ class MemoryPlan:
     }
 
 
-def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:
-  """Changes in the order we consider them cheapest: offload presets, then EP/FSDP splits of the same
-  devices (each axis kept within its ICI/DCN side), then smaller micro-batches."""
+def _candidates(cfg: Any, ctx: "_Context") -> Iterable[tuple[str, list[str]]]:
+  """Changes in the order we consider them cheapest, each one the recipe can take (a recipe that loads weights
+  is never offered the presets that move the layer axis, `offload.takes`): offload presets, then EP/FSDP
+  splits of the same devices (each axis kept within its ICI/DCN side), the forward recomputed (full remat
+  for a custom policy), smaller micro-batches, then more nodes."""
   current = [p.value for p in OffloadPreset]
   start = current.index(cfg.offload.value) + 1 if cfg.offload else 0
   for preset in current[start:]:
-    yield "offload preset", [f"offload={preset}"]
+    if offload.takes(preset, loads_weights=ctx.loads_weights):
+      yield "offload preset", [f"offload={preset}"]
   ep, fsdp = int(cfg.ici_expert_parallelism), int(cfg.ici_fsdp_parallelism)
   if ep > 0 and fsdp > 0:
     ici = ep * fsdp
@@ -153,11 +156,17 @@ def _candidates(cfg: Any) -> Iterable[tuple[str, list[str]]]:
     for new_ep in sorted((d for d in range(1, ici + 1) if ici % d == 0), key=lambda d: (abs(math.log(d / ep)), -d)):
       if new_ep != ep and int(cfg.num_experts) % new_ep == 0:
         yield "EP/FSDP split", [f"ici_expert_parallelism={new_ep}", f"ici_fsdp_parallelism={ici // new_ep}"]
+  if str(getattr(cfg.remat_policy, "value", cfg.remat_policy)) != "full":
+    yield "full remat", ["remat_policy=full"]
   pdbs = float(cfg.per_device_batch_size)
   while pdbs > 1:
     pdbs = pdbs / 2
     if pdbs == int(pdbs):
       yield "smaller micro-batch", [f"per_device_batch_size={int(pdbs)}"]
+  nodes = max(int(cfg.nodes), 1)
+  if hardware.gpu(cfg.recipe_hardware) is not None:
+    for more in (2 * nodes, 4 * nodes):
+      yield "more nodes", [f"nodes={more}"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,13 +180,17 @@ class _Context:
   host_gib: float | None
   leaves: list
   platform: Any  # moe.settings.Platform
+  loads_weights: bool = False  # the recipe starts from a checkpoint (a fine-tune): `offload.takes`
 
 
 def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: float | None) -> tuple[_Context, Any]:
   from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
   path = recipe_path(recipe)
+  keys = resolution.layer_keys(path, overrides)
+  loads = bool(keys.plugin.finetune or keys.maxtext["load_parameters_path"] or keys.maxtext["load_full_state_path"])
   # A fine-tuning recipe's weights do not change its memory: plan it without them.
   base_overrides = ["finetune=false", *overrides, *(_gpus_as_nodes(path, overrides, gpus) if gpus else [])]
   cfg = resolved(path, base_overrides)
@@ -190,7 +203,8 @@ def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: f
   mem_fraction = float(flags.for_config(cfg).env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75 if spec else 1.0))
   hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
   leaves = _leaves(str(path), tuple(base_overrides))
-  return _Context(path, base_overrides, n, hbm, spec.host_gb * 1e9 / GIB if spec else None, leaves, _target(cfg)), cfg
+  host = spec.host_gb * 1e9 / GIB if spec else None
+  return _Context(path, base_overrides, n, hbm, host, leaves, _target(cfg), loads), cfg
 
 
 def resolved(path: Any, overrides: list[str]) -> Any:
@@ -268,6 +282,25 @@ def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]
   return est, kind
 
 
+def _cheapest_fix(ctx: _Context, cfg: Any) -> tuple[Estimate | None, str | None, int]:
+  """(the first of `_candidates` that the planner says fits, its kind, how many were tried)."""
+  tried = 0
+  for kind, extra in _candidates(cfg, ctx):
+    tried += 1
+    try:
+      cand_cfg = resolved(ctx.path, ctx.base_overrides + extra)
+    except UserError:
+      continue  # an invalid layout for this model (e.g. experts not divisible)
+    devices = int(cand_cfg.recipe_num_devices) if kind == "more nodes" else ctx.num_devices
+    sizes = mesh_sizes(cand_cfg, devices)
+    if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand_cfg), sizes):
+      continue
+    cand, _ = _estimate(dataclasses.replace(ctx, num_devices=devices), cand_cfg, extra)
+    if cand.fits:
+      return cand, kind, tried
+  return None, None, tried
+
+
 def memory_plan(
   recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None, mfu: float = 0.4
 ) -> MemoryPlan:
@@ -277,19 +310,7 @@ def memory_plan(
   base, dispatch = _estimate(ctx, cfg, [])
   fix, fix_kind, tried = None, None, 0
   if not base.fits:
-    for kind, extra in _candidates(cfg):
-      tried += 1
-      try:
-        cand_cfg = resolved(ctx.path, ctx.base_overrides + extra)
-      except UserError:
-        continue  # an invalid layout for this model (e.g. experts not divisible)
-      sizes = mesh_sizes(cand_cfg, ctx.num_devices)
-      if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand_cfg), sizes):
-        continue
-      cand, _ = _estimate(ctx, cand_cfg, extra)
-      if cand.fits:
-        fix, fix_kind = cand, kind
-        break
+    fix, fix_kind, tried = _cheapest_fix(ctx, cfg)
   layout = {a: s for a, s in mesh_sizes(cfg, ctx.num_devices).items() if s > 1}
   batch = global_batch(cfg.per_device_batch_size, ctx.num_devices, cfg.gradient_accumulation_steps)
   return MemoryPlan(

@@ -18,7 +18,8 @@ trays) and across domains:
   batch) while a microbatch keeps a whole sequence per batch shard (`fitting.timed`);
 - the remat policy: full, or every matmul output kept but the experts';
 - the micro-batch per GPU: 1, 2, 4, 8 (each larger one only while the smaller fits);
-- offload: none, else the optimizer, else the optimizer and parameters (the first that fits).
+- offload: none, else the optimizer, else the optimizer and parameters (the first that fits; not the
+  parameters for a recipe that starts from a checkpoint, whose layer axis they would move: `offloads`).
 """
 
 import dataclasses
@@ -26,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from maxtext_moe.config import hardware
+from maxtext_moe.config import hardware, offload
 
 _ATTENTION = ("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj", "context")
 _ATTENTION += ("mla_q", "mla_kv", "query_wa_proj", "kv_wa_proj")
@@ -45,6 +46,12 @@ GIVES_UP = {
   "experts recomputed": "recomputes the experts' GEMMs",
 }
 OFFLOADS = ("none", "optimizer", "optimizer_params")
+
+
+def offloads(*, loads_weights: bool) -> tuple[str, ...]:
+  """The OFFLOADS a recipe can take, in their order: not the parameters' when it starts from a checkpoint
+  (`config.offload.takes`: the layer axis a converted checkpoint keeps)."""
+  return tuple(o for o in OFFLOADS if offload.takes(o, loads_weights=loads_weights))
 BATCHES = (1, 2, 4, 8)
 STAGES = (2, 4, 8)
 TENSOR = (1, 2, 4)  # tensor-parallel degrees inside a domain

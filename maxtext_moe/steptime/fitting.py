@@ -14,7 +14,7 @@ import types
 from typing import Any
 
 from maxtext_moe.errors import UserError
-from maxtext_moe.steptime.candidates import OFFLOADS, REPEATS, Layout, microbatch_counts
+from maxtext_moe.steptime.candidates import OFFLOADS, REPEATS, Layout, microbatch_counts, offloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,8 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
   from maxtext_moe.planner.memory_plan import _estimate, resolved  # pylint: disable=import-outside-toplevel
 
   floors = [_state_floor(ctx, cfg, start), *([_doubled(half)] if half is not None else [])]
-  level = next((k for k in range(first, len(OFFLOADS)) if all(_offloaded_fits(ctx, f, k) for f in floors)), None)
+  levels = len(offloads(loads_weights=ctx.loads_weights))  # OFFLOADS' first ones: those the recipe can take
+  level = next((k for k in range(first, levels) if all(_offloaded_fits(ctx, f, k) for f in floors)), None)
   count = 0
   while level is not None:
     layout = dataclasses.replace(start, offload=OFFLOADS[level])
@@ -80,7 +81,7 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
     est, _ = _estimate(ctx, cand, [])
     if est.fits:
       return (layout, cand, est), count
-    level = next((k for k in range(level + 1, len(OFFLOADS)) if _offloaded_fits(ctx, est, k)), None)
+    level = next((k for k in range(level + 1, levels) if _offloaded_fits(ctx, est, k)), None)
   return None, count
 
 

@@ -112,7 +112,7 @@ class LayerKeys:
 
 
 _LAYER_PLUGIN_KEYS = ("recipe_hardware", "recipe_num_devices", "nodes", "gpus_per_node", "vocab_from_tokenizer")
-_LAYER_PLUGIN_KEYS += ("flag_profile", "xla_flags_extra", "env_extra", "offload")
+_LAYER_PLUGIN_KEYS += ("flag_profile", "xla_flags_extra", "env_extra", "offload", "finetune")
 _LAYER_PLUGIN_KEYS += ("moe_dispatch", "moe_gemm_backend", "moe_gemm_quantization")
 _LAYER_OTHER_KEYS = ("run_name", "base_output_directory", "model_name", "dump_hlo", "dump_hlo_local_dir")
 _LAYER_OTHER_KEYS += ("dump_hlo_local_module_name",)
