@@ -125,14 +125,13 @@ def test_671b_rack_fits_and_reports_every_component():
     assert row in table, row
   # Adam state and parameters live on the Grace host between steps (offload: optimizer_params): 2 fp32
   # moments and the fp32 parameters of ~685B params over 64 GPUs. MaxText's train step brings the parameters
-  # back to the device for the step, and each stacked leaf's moments for the update, whose peak (the
-  # parameters, the gradients and one expert matrix's 5 float32 copies: its moments in, its parameter and
-  # moments out) is this rack's: 143.0 GiB against XLA:GPU's 143.2 for the program with the state on the host.
+  # back to the device for the step, and the moments for the update, which can hold the whole state at once
+  # (the parameters, the gradients and both moments: XLA:GPU starts every leaf's copies together; the rack's
+  # program holds 10 of its 12 expert-kernel-sized buffers there at its budget, all 12 given more memory).
   e = result.base
   assert e.optimizer == 0 and e.params_from_host and e.params == e.grads  # float32 both
   assert 100 * 2**30 < e.host == e.host_state < 130 * 2**30 and e.host_state == 3 * e.params
-  expert_matrix = 58 * (256 // 8) * (7168 // 8) * 2048 * 4  # one stacked expert matrix per GPU, float32
-  assert e.update_phase == e.params + e.grads + 5 * expert_matrix == e.device_total > e.step_total
+  assert e.update_phase == 4 * e.params == e.device_total > e.step_total
   assert "optimizer update (its state from the host)" in table
   flops_per_token = result.base.tflops_per_step * 1e12 / result.base.tokens_per_step
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention
@@ -151,24 +150,18 @@ def _gpu_recipes() -> list:
 @pytest.mark.parametrize("recipe", _gpu_recipes())
 def test_every_gpu_recipe_fits_by_the_planner(recipe):
   """A shipped recipe must fit its own hardware (this caught gb300x1024 at EP=64, mixtral on H100 and our
-  gb300x128 at EP=8). NVIDIA's published run is kept as published, and NVIDIA ran it: the planner, which
-  counts MaxText's TE block with our block's buffers and what XLA keeps with memory to spare, put it 1.6%
-  over the usable memory, where its compiled stand-in took 231.4 GiB of 243.4 (XLA's scheduler keeps to
-  the budget JAX gives it); that over-count is held to within 2%. Since December 2026 the planner also
-  counts the FP8 copies of its dense GEMMs' operands (2.4 GiB), which are real: compiled with FP8 dense
-  GEMMs the stand-in grew by 1.8 GiB, to 233.2. They are outside that 2%."""
+  gb300x128 at EP=8). NVIDIA's published run is kept as published, and NVIDIA ran it: its compiled stand-in
+  takes 233.2 GiB of 243.4 with its FP8 dense GEMMs; the planner counts MaxText's TE block with its receive
+  buffer at ragged_buffer_factor x the balanced load."""
   result = memory_plan(recipe, [])
   if recipe.endswith("-nvidia"):  # MaxText's TE block: its receive buffer at ragged_buffer_factor x the balance
     assert result.base.moe_rows == 2 * 6 * 4096 * 8
-    over = result.base.device_total - result.base.fp8_copies - result.base.hbm
-    assert 0 < result.base.fp8_copies < 3 * 2**30 and abs(over) <= 0.02 * result.base.hbm, result.table()
-  else:
-    assert result.base.fits, result.table()
+  assert result.base.fits, result.table()
 
 
 @pytest.mark.parametrize(
   ("recipe", "nodes", "gib"),
-  [("h100x8/deepseek3-671b", 64, 61.8), ("h100x8/deepseek3-671b", 128, 61.8), ("h200x8/deepseek3-671b", 16, 121.1)],
+  [("h100x8/deepseek3-671b", 64, 57.8), ("h100x8/deepseek3-671b", 128, 57.8), ("h200x8/deepseek3-671b", 16, 100.1)],
 )
 def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, gib):
   """The HGX 671B recipes are a layout per group of nodes (32 H100, 16 H200) and data parallel across the

@@ -169,12 +169,12 @@ def test_candidates_span_stages_and_microbatches():
 def _staged_against_flat(model: list[str], staged: list[str], stack_name: str):
   """cpu/deepseek3-tiny (+ `model`) on 8 devices, FSDP 4 with 2 stages (+ `staged`) and FSDP 4 x data 2:
   (the staged config, its estimate, the flat one's, one device's shard of the stack `stack_name` flat)."""
-  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
+  from maxtext_moe.planner.planning import estimate_of, planning, resolved
 
-  ctx, _ = _context("cpu/deepseek3-tiny", model, None, None)  # the parameter tree, traced once
+  ctx, _ = planning("cpu/deepseek3-tiny", model, None, None)  # the parameter tree, traced once
   staged_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_pipeline_parallelism=2", *staged])
   flat_cfg = resolved(ctx.path, [*ctx.base_overrides, "ici_data_parallelism=2"])
-  (staged_est, _), (flat, _) = _estimate(ctx, staged_cfg, []), _estimate(ctx, flat_cfg, [])
+  (staged_est, _), (flat, _) = estimate_of(ctx, staged_cfg, []), estimate_of(ctx, flat_cfg, [])
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in flat_cfg.logical_axis_rules]
   sizes = {"fsdp": 4, "data": 2}
   leaves = (leaf for leaf in ctx.leaves if leaf[0][0] == "params" and stack_name in leaf[2])
@@ -219,7 +219,7 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   parameters back to the device (73.6 GiB with them offloaded)."""
   from rich.console import Console
 
-  from maxtext_moe.planner.memory_plan import resolved
+  from maxtext_moe.planner.planning import resolved
   from maxtext_moe.steptime import search
   from maxtext_moe.steptime.recipe import for_recipe
 
@@ -259,7 +259,8 @@ def test_a_qwen3_decoder_with_layers_left_after_the_pipeline_is_planned_and_its_
   stages is not what `stage` splits) plans; the search times the layout in 1, 2 and 4 repeats, each
   pipelining the largest multiple of stages x repeats, at every microbatch count that keeps whole
   sequences."""
-  from maxtext_moe.planner.memory_plan import _context, memory_plan, resolved
+  from maxtext_moe.planner.memory_plan import memory_plan
+  from maxtext_moe.planner.planning import planning, resolved
   from maxtext_moe.steptime import fitting
 
   staged = ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1", "dcn_fsdp_parallelism=1", "dcn_data_parallelism=1"]
@@ -267,7 +268,7 @@ def test_a_qwen3_decoder_with_layers_left_after_the_pipeline_is_planned_and_its_
   staged += ["num_pipeline_microbatches=8", "per_device_batch_size=1"]
   plan = memory_plan("h100x8/qwen3-235b-a22b", staged)
   assert plan.base.stages == 8 and plan.layout == {"stage": 8, "expert": 8}
-  ctx, _ = _context("h100x8/qwen3-235b-a22b", staged, None, None)
+  ctx, _ = planning("h100x8/qwen3-235b-a22b", staged, None, None)
   cand = resolved(ctx.path, ctx.base_overrides)
   layout = candidates.Layout(8, 1, 1, 1, "full", 1, "none", 8, 88, 8)
   found = {(s.repeats, s.pipelined, s.per_stage, s.microbatches) for s in fitting._schedules(ctx, layout, cand)}

@@ -180,14 +180,14 @@ def test_the_offload_floors_the_search_prunes_with_never_exceed_the_estimates():
   batch's floor counted them twice, and the search could skip a batch that fits.)"""
   import dataclasses
 
-  from maxtext_moe.planner.memory_plan import _context, _estimate, resolved
+  from maxtext_moe.planner.planning import estimate_of, planning, resolved
   from maxtext_moe.steptime import fitting
 
-  ctx, _ = _context("h200x8/deepseek3-proxy-16b", ["per_device_batch_size=1"], None, None)
+  ctx, _ = planning("h200x8/deepseek3-proxy-16b", ["per_device_batch_size=1"], None, None)
 
   def planned(offload: str, batch: int):
     cfg = resolved(ctx.path, [*ctx.base_overrides, f"offload={offload}", f"per_device_batch_size={batch}"])
-    return _estimate(ctx, cfg, [])[0]
+    return estimate_of(ctx, cfg, [])[0]
 
   def at_limits(est):  # the memory limits an estimate exactly fills
     return dataclasses.replace(ctx, hbm_gib=est.device_total / 2**30 + 1e-6, host_gib=est.host / 2**30 + 1e-6)

@@ -50,7 +50,7 @@ def test_unique_ranks_is_the_expected_number_of_distinct_destinations():
 @functools.cache
 def _context(recipe: str):
   """The planner's context of `recipe` (its parameter tree traced once: the layout does not change it)."""
-  from maxtext_moe.planner.memory_plan import _context as context
+  from maxtext_moe.planner.planning import planning as context
 
   return context(recipe, [], None, None)[0]
 

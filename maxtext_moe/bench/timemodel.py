@@ -70,12 +70,12 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
   from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import _context, _estimate  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import estimate_of, planning  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
-  base, _ = _context(RECIPE, [], None, None)
+  base, _ = planning(RECIPE, [], None, None)
   rows = []
   for label, overrides in _layouts(devices):
     for offload in ([], ["offload=optimizer_params"]):
@@ -86,7 +86,7 @@ def search(devices: int, imbalance: float = 1.0) -> list[dict[str, Any]]:
       ctx = dataclasses.replace(base, num_devices=int(cfg.recipe_num_devices))
       if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cfg), mesh_sizes(cfg, ctx.num_devices)):
         break
-      est, _ = _estimate(ctx, cfg, [])
+      est, _ = estimate_of(ctx, cfg, [])
       if not est.fits:
         continue
       name = label + (", optimizer+params on host" if offload else "")

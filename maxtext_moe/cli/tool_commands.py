@@ -15,7 +15,11 @@ def _bench(ns: argparse.Namespace, out: IO[str]) -> int:
 
     if ns.te and ns.gpu is None:
       raise UserError("--te goes with --gpu: bench plan --gpu --te")
-    if ns.gpu is not None:
+    if ns.held_out is not None:
+      from maxtext_moe.bench import held_out
+
+      held_out.run(out=out, as_json=ns.json, only=ns.held_out or None)
+    elif ns.gpu is not None:
       plan_accuracy.run_gpu(out=out, as_json=ns.json, only=ns.gpu or None, te=ns.te)
     else:
       plan_accuracy.run(out=out, as_json=ns.json, quick=ns.quick)
@@ -154,6 +158,15 @@ def _register_bench(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     action="store_true",
     help="plan --gpu: the cases with Transformer Engine's grouped GEMM, compiled in the environment "
     "./setup.sh --gpu-compile-te makes",
+  )
+  p.add_argument(
+    "--held-out",
+    nargs="?",
+    const="",
+    metavar="CASE",
+    help="plan: the planner against XLA:GPU on every shipped GPU recipe at its nodes and the search's first three "
+    "layouts on six clusters (maxtext_moe/bench/held_out.py; hours on 2 cores); CASE runs only the cases whose "
+    "name contains it",
   )
   p.add_argument("--workdir", help="convert: where to put the temporary checkpoints (default: the temp dir)")
   p.add_argument("--json", action="store_true", help="print the results as one JSON object (the table goes to stderr)")

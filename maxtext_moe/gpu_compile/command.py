@@ -98,7 +98,8 @@ def _resolve(
   from maxtext_moe.launch import environment  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
 
-  deviceless = ["skip_jax_distributed_system=true", *resolution.job_devices(target.devices)]
+  # The program does not depend on the weights a fine-tune starts from: compile it without them.
+  deviceless = ["skip_jax_distributed_system=true", "finetune=false", *resolution.job_devices(target.devices)]
   deviceless += [f"recipe_num_devices={target.devices}"]
   recipe = resolution.read(name, [*overrides, *extra, *deviceless], keep_process_flags=False)
   if dump_to is not None:
@@ -159,7 +160,7 @@ def compile_recipe(
   if not plugin_installed():
     raise UserError("compile needs XLA:GPU's compiler (the jax-cuda12 plugin): run ./setup.sh --gpu-compile")
   te_available = _load_te()
-  first = resolution.read(name, overrides, keep_process_flags=False)
+  first = resolution.read(name, [*overrides, "finetune=false"], keep_process_flags=False)
   target = target_of(first.keys)
   extra, said = substitutions(first, te_available=te_available)
   dump_to = hlo_dir / "xla" if hlo_dir else None

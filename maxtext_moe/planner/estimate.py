@@ -19,11 +19,15 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                projections and output, the MLP's gated inputs, the experts' GEMM outputs); on the host when
                offloaded
   update       with the optimizer state on the host, MaxText's train step moves it to the device for the
-               update (`train_step`, optimizer_memory_host_offload) and XLA:GPU brings each stacked leaf
-               in whole: the parameters and gradients, and for the leaf being updated its two moments in
-               and its parameter and two moments out (5 of the largest leaf; read off the live sets of the
-               compiled gb200-nvl72, h100x8 and qwen3 recipes). The step's peak is the larger of this and
-               the rest
+               update (`train_step`, optimizer_memory_host_offload), and the update of each leaf is one
+               fusion of its gradient, parameter and two moments whose outputs take their inputs' place.
+               Nothing orders the leaves' updates after one another, and XLA:GPU starts every leaf's
+               host-to-device copies together: the update can hold the whole train state at once, the
+               parameters (brought back from the host too when they live there), the gradients and both
+               moments. The 671B on 32 H100 nodes with both offloaded holds exactly that, 4 copies of its
+               three expert kernels (79.5 GiB live; compiled for 50 GiB of memory, the same), Mixtral on 2
+               nodes 97% of it; Qwen3's programs hold 75-85% of it where it is not their peak. The step's
+               peak is the larger of this and the rest
   peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
                (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
@@ -98,6 +102,7 @@ class Estimate:
   tflops_per_step: float
   tokens_per_step: int
   fp8_copies: int = 0  # a layer's backward: the quantized copies of the dense GEMMs' operands (FP8 dense)
+  stage_copy: int = 0  # with pipeline stages: the stage's weights re-laid out (`stages.relaid_bytes`)
   step_total: int = 0  # the forward and backward's peak (parameters, state on the device, gradients, saved
   # activations and the larger of the loss and layer phases)
   update_phase: int = 0  # the optimizer update's, when its state is on the host (0 otherwise)
@@ -109,6 +114,7 @@ class Estimate:
   microbatch_tokens: int = 0  # tokens per device in one microbatch (`tokens_per_step`: outside the pipeline)
   pipeline_saved: int = 0  # of `saved_activations`: what the pipeline's iterations keep
   pipeline_buffers: int = 0  # of `layer_phase`: the loop's buffers, when the peak is a pipelined layer's
+  pipeline_iteration: int = 0  # of `layer_phase`: the iteration's stage weights (`stages.iteration_bytes`)
   peak_layer: str = ""  # whose backward `layer_phase` is: a pipelined layer's or one outside the pipeline
   pipeline_bubble: float = 0.0  # of the pipelined layers' iterations, the bubble's share
   overrides: list[str] = dataclasses.field(default_factory=list)
@@ -175,14 +181,6 @@ def _state_bytes(
   return param_elems * w_b, param_elems * mu_b * _opt_slots(cfg), param_elems * g_b, scan_copy
 
 
-def update_in_flight(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> int:
-  """Bytes per device of the update's in-flight leaf when the optimizer state is on the host: the largest
-  leaf's moments brought in, and its new parameter and moments written (see the module docstring)."""
-  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
-  mu_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype)
-  return largest * (2 * _opt_slots(cfg) * mu_b + dtype_bytes(cfg.weight_dtype))
-
-
 def batch_tokens(cfg: Any, sizes: dict[str, int], rules: list, num_devices: int) -> int:
   """Tokens per device of the micro batch over the activations' batch axes (MaxText's `activation_batch`
   rule, which has no `stage`): with pipeline stages, the pipeline's whole batch on each stage. Tensor
@@ -234,12 +232,14 @@ def estimate(
   )
   peak, piped, inside = outside, None, False
   if pipe:
-    piped = stages.memory(cfg, pipe, one, tokens, ep=ep, dispatch=dispatch)
+    gathered = stages.pipelined_elements(leaves, rules, sizes, pipe)
+    piped = stages.memory(cfg, pipe, one, tokens, ep=ep, dispatch=dispatch, gathered=gathered)
     saved, saved_host = saved + piped.saved, saved_host + piped.saved_host
-    inside = piped.phase.total + piped.buffers > (outside.total if sum(layers) else 0)
+    inside = piped.phase.total + piped.buffers + piped.iteration > (outside.total if sum(layers) else 0)
     peak = piped.phase if inside else outside
-  layer = layer_logits + peak.total + (piped.buffers if inside else 0)
-  resident = state["params"] + state["optimizer"] + state["grads"] + state["scan_copy"]
+    state["stage_copy"] = stages.relaid_bytes(cfg, gathered)
+  layer = layer_logits + peak.total + (piped.buffers + piped.iteration if inside else 0)
+  resident = state["params"] + state["optimizer"] + state["grads"] + state["scan_copy"] + state["stage_copy"]
   step_total = resident + saved + max(logits_phase, layer)
   return Estimate(
     **state,
@@ -269,12 +269,13 @@ def _state_fields(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pi
   parameters stay in `params`: MaxText's step brings them to the device (see the module docstring)."""
   params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
   opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
-  update = params + grads + update_in_flight(cfg, leaves, rules, sizes, pipe) if opt_off else 0
+  update = params + grads + optimizer if opt_off else 0  # the whole train state at once (module docstring)
   return {
     "params": params,
     "optimizer": optimizer * (not opt_off),
     "grads": grads,
     "scan_copy": scan_copy,
+    "stage_copy": 0,  # with pipeline stages, `stages.relaid_bytes`
     "host_state": optimizer * opt_off + params * params_off,
     "update_phase": update,
     "params_from_host": params_off,
@@ -290,6 +291,7 @@ def _pipeline_fields(pipe: stages.Stages, piped: stages.PipelineMemory, *, insid
     "microbatch_tokens": piped.microbatch_tokens,
     "pipeline_saved": piped.saved,
     "pipeline_buffers": piped.buffers if inside else 0,
+    "pipeline_iteration": piped.iteration if inside else 0,
     "peak_layer": "pipelined" if inside else "outside the pipeline",
     "pipeline_bubble": pipe.bubble,
   }

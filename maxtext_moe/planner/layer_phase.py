@@ -98,11 +98,15 @@ def _moe_dispatch_bytes(
   return routed + received * emb * copies.received_narrow_by_d * d_b
 
 
-def _layer_weights_bytes(one: layer_weights.LayerWeights, d_b: int, copies: xla_buffers.Copies, *, te_ep: bool) -> int:
-  """One layer's weights in its backward (`layer_weights`): the experts' matrices (gathered, transposed and
-  their weight gradients when stored split over FSDP), the other weights of a layer of each kind, gathered."""
+def _layer_weights_bytes(
+  one: layer_weights.LayerWeights, d_b: int, copies: xla_buffers.Copies, *, te_ep: bool, chunks: int = 1
+) -> int:
+  """One layer's weights in its backward (`layer_weights`): the experts' matrices as the block computes with
+  them (gathered when stored split over FSDP; with the exchange in `chunks` > 1, their weight gradients
+  summed over the chunks besides), the other weights of a layer of each kind, gathered."""
   gathered = copies.te_ep_experts_gathered if te_ep else copies.experts_gathered
   narrow, f32 = gathered if one.experts_sharded else (copies.experts_local, 0)
+  narrow += copies.experts_chunk_sums * (chunks > 1)
   experts = one.experts * (narrow * d_b + f32 * 4)
   return experts + copies.layer_weight_copies * (one.moe_other + one.dense) * d_b
 
@@ -140,6 +144,20 @@ def _attention_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies
   return 4 * tokens * heads * (qk_dim + v_dim) * d_b  # flash: q, k, v, out and their gradients
 
 
+def _chunks(cfg: Any, ep: int, dispatch: str) -> int:
+  """The pieces our block's exchange runs in (`moe_exchange_chunks`), 1 without one."""
+  if int(cfg.num_experts) <= 1 or ep <= 1 or not our_block(cfg) or dispatch == "te_ep":
+    return 1
+  return exchange_chunks(cfg, nodes=expert_nodes(cfg))
+
+
+def _residual_copies(cfg: Any, copies: xla_buffers.Copies) -> int:
+  """[T, D] residual-stream temporaries of a layer's backward, by attention: MLA's (its projections' inputs,
+  norms and their gradients at the residual width) or a plain one's."""
+  mla = saved_activations.value_of(cfg.attention_type) == "mla"
+  return copies.layer_narrow_by_d_mla if mla else copies.layer_narrow_by_d
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerPhase:
   """Bytes of one layer's backward by buffer (the logits still live then are the caller's)."""
@@ -168,7 +186,7 @@ def of(cfg: Any, one: layer_weights.LayerWeights, tokens: int, *, ep: int, dispa
     rows=rows,
     moe_dispatch=_moe_dispatch_bytes(cfg, rows, received, d_b, copies, te_ep=te_ep),
     attention=_attention_bytes(cfg, tokens, d_b, copies),
-    weights=_layer_weights_bytes(one, d_b, copies, te_ep=te_ep),
-    activations=copies.layer_narrow_by_d * tokens * int(cfg.emb_dim) * d_b,
+    weights=_layer_weights_bytes(one, d_b, copies, te_ep=te_ep, chunks=_chunks(cfg, ep, dispatch)),
+    activations=_residual_copies(cfg, copies) * tokens * int(cfg.emb_dim) * d_b,
     fp8=_fp8_dense_bytes(cfg, one, tokens),
   )

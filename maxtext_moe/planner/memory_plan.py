@@ -6,7 +6,6 @@ the same devices, smaller micro-batches. MaxText's own FLOPs count gives FLOPs p
 """
 
 import dataclasses
-import functools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -16,9 +15,10 @@ from maxtext_moe.config.hardware import Hardware
 from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
-from maxtext_moe.moe.layout import check_resolved_dispatch, dispatch_for, mesh_sizes
+from maxtext_moe.moe.layout import mesh_sizes
 from maxtext_moe.planner import divisibility
-from maxtext_moe.planner.estimate import GIB, Estimate, estimate
+from maxtext_moe.planner.estimate import GIB, Estimate
+from maxtext_moe.planner.planning import Planning, estimate_of, planning, resolved
 
 
 def _gib(n: int | None) -> str:
@@ -71,6 +71,7 @@ class MemoryPlan:
       f"  {'optimizer state (Adam mu, nu)':<44}{_gib(e.optimizer):>10}",
       f"  {'gradients':<44}{_gib(e.grads):>10}",
       f"  {'scanned weights re-laid out for backward':<44}{_gib(e.scan_copy):>10}",
+      *([f"  {'  and the stage weights, re-laid out':<44}{_gib(e.stage_copy):>10}"] if e.stages > 1 else []),
       f"  {'saved activations (remat policy)':<44}{_gib(e.saved_activations):>10}",
       *([f"  {'  of which the pipeline loop keeps':<44}{_gib(e.pipeline_saved):>10}"] if e.stages > 1 else []),
       f"  {'loss phase: logits and their gradient':<44}{_gib(e.logits_phase):>10}",
@@ -80,6 +81,9 @@ class MemoryPlan:
       f"  {'layer phase: residual-stream temporaries':<44}{_gib(e.layer_activations):>10}",
       *([f"  {'layer phase: FP8 copies (dense GEMMs)':<44}{_gib(e.fp8_copies):>10}"] if e.fp8_copies else []),
       *([f"  {'layer phase: pipeline loop buffers':<44}{_gib(e.pipeline_buffers):>10}"] if e.stages > 1 else []),
+      *(
+        [f"  {'layer phase: the iteration stage weights':<44}{_gib(e.pipeline_iteration):>10}"] if e.stages > 1 else []
+      ),
       *e.phase_rows(),
       f"  {'total on device (peak)':<44}{_gib(e.device_total):>10}",
       f"  {'usable HBM':<44}{_gib(e.hbm):>10}",
@@ -100,12 +104,17 @@ class MemoryPlan:
       lines.append(f"  verdict: DOES NOT FIT ({where} memory)")
       if self.fix is not None:
         lines.append(
-          f"  cheapest fix ({self.fix_kind}): {' '.join(self.fix.overrides)} -> "
+          f"  cheapest fix ({self.fix_kind}): {self.fix_words()} -> "
           f"{_gib(self.fix.device_total)} GiB on device, {_gib(self.fix.host)} GiB on host"
         )
       else:
         lines.append(f"  no offload preset, EP/FSDP split or smaller micro-batch makes it fit ({self.tried} tried)")
     return "\n".join(lines)
+
+  def fix_words(self) -> str:
+    """The cheapest fix as a user types it: key=value overrides, and more nodes as --nodes N."""
+    words = [f"--nodes {o.split('=', 1)[1]}" if o.startswith("nodes=") else o for o in self.fix.overrides]
+    return " ".join(words)
 
   def _throughput(self, predicted: Any) -> list[str]:
     """The step-time model's `predicted` tokens/s named as the prediction, else the assumed --mfu's what-if."""
@@ -139,7 +148,7 @@ class MemoryPlan:
     }
 
 
-def _candidates(cfg: Any, ctx: "_Context") -> Iterable[tuple[str, list[str]]]:
+def _candidates(cfg: Any, ctx: Planning) -> Iterable[tuple[str, list[str]]]:
   """Changes in the order we consider them cheapest, each one the recipe can take (a recipe that loads weights
   is never offered the presets that move the layer axis, `offload.takes`): offload presets, then EP/FSDP
   splits of the same devices (each axis kept within its ICI/DCN side), the forward recomputed (full remat
@@ -169,120 +178,7 @@ def _candidates(cfg: Any, ctx: "_Context") -> Iterable[tuple[str, list[str]]]:
       yield "more nodes", [f"nodes={more}"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Context:
-  """What every candidate of one plan shares: the recipe, devices, memory limits and parameter tree."""
-
-  path: Any
-  base_overrides: list[str]
-  num_devices: int
-  hbm_gib: float | None
-  host_gib: float | None
-  leaves: list
-  platform: Any  # moe.settings.Platform
-  loads_weights: bool = False  # the recipe starts from a checkpoint (a fine-tune): `offload.takes`
-
-
-def _context(recipe: str, overrides: list[str], gpus: int | None, gpu_mem_gib: float | None) -> tuple[_Context, Any]:
-  from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
-
-  path = recipe_path(recipe)
-  keys = resolution.layer_keys(path, overrides)
-  loads = bool(keys.plugin.finetune or keys.maxtext["load_parameters_path"] or keys.maxtext["load_full_state_path"])
-  # A fine-tuning recipe's weights do not change its memory: plan it without them.
-  base_overrides = ["finetune=false", *overrides, *(_gpus_as_nodes(path, overrides, gpus) if gpus else [])]
-  cfg = resolved(path, base_overrides)
-  n = int(cfg.recipe_num_devices)
-  if n <= 0:
-    import jax  # pylint: disable=import-outside-toplevel
-
-    n = jax.device_count()
-  spec = hardware.gpu(cfg.recipe_hardware)
-  mem_fraction = float(flags.for_config(cfg).env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75 if spec else 1.0))
-  hbm = gpu_mem_gib if gpu_mem_gib is not None else (spec.hbm_gib * mem_fraction if spec else None)
-  leaves = _leaves(str(path), tuple(base_overrides))
-  host = spec.host_gb * 1e9 / GIB if spec else None
-  return _Context(path, base_overrides, n, hbm, host, leaves, _target(cfg), loads), cfg
-
-
-def resolved(path: Any, overrides: list[str]) -> Any:
-  """MaxText's resolution of a recipe for its own devices. MaxText checks a pipeline's microbatches against
-  per_device_batch_size x the devices it counts (`micro_batch_size_to_train_on`, configs/types.py), which
-  are this machine's unless `internal_compile_num_devices` names them (as `compile` does): a plan names
-  the job's, so a layout is judged for the cluster it is planned for, not the laptop planning it."""
-  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
-
-  keys = resolution.layer_keys(path, overrides)
-  n = keys.layout.devices
-  job = resolution.job_devices(n) if n > 0 else []
-  return resolution.hyperparameters(resolution.resolve(path, [*overrides, *job], keys=keys))
-
-
-def _gpus_as_nodes(path: Any, overrides: list[str], gpus: int) -> list[str]:
-  """`plan --gpus N` as the override it means: N / GPUs-per-node nodes (on CPU, N devices)."""
-  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
-
-  per_node = resolution.layer_keys(path, overrides).layout.gpus_per_node
-  if per_node is None:
-    return [f"recipe_num_devices={gpus}"]
-  if gpus % per_node:
-    raise UserError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes; pass --nodes N instead")
-  return [f"nodes={gpus // per_node}"]
-
-
-@functools.lru_cache(maxsize=8)
-def _leaves(path: str, overrides: tuple[str, ...]) -> list:
-  """The parameter tree's leaves: their shapes do not depend on the layout, so it is traced once, on one
-  device, per recipe and overrides (`plan --time` and the layout search ask again)."""
-  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.maxtext import model as upstream_model  # pylint: disable=import-outside-toplevel
-
-  one_device = resolution.resolved(path, [*overrides, *upstream_model.ONE_DEVICE_OVERRIDES])
-  return upstream_model.param_leaves(one_device)
-
-
-def _target(cfg: Any) -> Any:
-  """The platform a recipe is planned for: a GPU recipe runs in our container (TE imports) with one process
-  per GPU (our launchers), so `auto` there means te / te_ep, whatever this machine has."""
-  from maxtext_moe.moe.settings import Platform  # pylint: disable=import-outside-toplevel
-
-  if str(cfg.hardware) == "cpu":
-    return Platform("cpu")
-  return Platform("gpu", te_gemm=True, te_ep=True)
-
-
-def dispatch_kind(ctx: _Context, cfg: Any) -> str:
-  """What `moe_dispatch` resolves to for `cfg` on the platform it is planned for, refused (UserError) where
-  the run's own checks would refuse it at launch (`auto` turned te_ep with a capacity factor below 1, say)."""
-  kind = dispatch_for(cfg, num_devices=ctx.num_devices, platform=ctx.platform)
-  try:
-    check_resolved_dispatch(cfg, kind, num_devices=ctx.num_devices)
-  except ValueError as e:
-    raise UserError(f"{e} (moe_dispatch={cfg.moe_dispatch} resolves to {kind.value} here)") from e
-  return kind.value
-
-
-def _estimate(ctx: _Context, cfg: Any, extra: list[str]) -> tuple[Estimate, str]:
-  from maxtext_moe.upstream.maxtext.compile import train_tflops_per_device  # pylint: disable=import-outside-toplevel
-
-  kind = dispatch_kind(ctx, cfg)
-  total, _, _ = train_tflops_per_device(cfg)
-  est = estimate(
-    cfg,
-    ctx.leaves,
-    num_devices=ctx.num_devices,
-    dispatch=kind,
-    hbm_gib=ctx.hbm_gib,
-    host_gib=ctx.host_gib,
-    tflops=total,
-  )
-  est.overrides = extra
-  return est, kind
-
-
-def _cheapest_fix(ctx: _Context, cfg: Any) -> tuple[Estimate | None, str | None, int]:
+def _cheapest_fix(ctx: Planning, cfg: Any) -> tuple[Estimate | None, str | None, int]:
   """(the first of `_candidates` that the planner says fits, its kind, how many were tried)."""
   tried = 0
   for kind, extra in _candidates(cfg, ctx):
@@ -295,19 +191,26 @@ def _cheapest_fix(ctx: _Context, cfg: Any) -> tuple[Estimate | None, str | None,
     sizes = mesh_sizes(cand_cfg, devices)
     if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand_cfg), sizes):
       continue
-    cand, _ = _estimate(dataclasses.replace(ctx, num_devices=devices), cand_cfg, extra)
+    cand, _ = estimate_of(dataclasses.replace(ctx, num_devices=devices), cand_cfg, extra)
     if cand.fits:
       return cand, kind, tried
   return None, None, tried
 
 
 def memory_plan(
-  recipe: str, overrides: list[str], *, gpus: int | None = None, gpu_mem_gib: float | None = None, mfu: float = 0.4
+  recipe: str,
+  overrides: list[str],
+  *,
+  gpus: int | None = None,
+  gpu_mem_gib: float | None = None,
+  mfu: float = 0.4,
+  planned: tuple[Planning, Any] | None = None,
 ) -> MemoryPlan:
-  """Estimates `recipe` + overrides and, when it does not fit, searches for the cheapest change that does."""
-  ctx, cfg = _context(recipe, overrides, gpus, gpu_mem_gib)
+  """Estimates `recipe` + overrides and, when it does not fit, searches for the cheapest change that does;
+  `planned`: its `planning` when the command has it already."""
+  ctx, cfg = planned or planning(recipe, overrides, gpus, gpu_mem_gib)
   divisibility.check(cfg, ctx.leaves, ctx.num_devices)
-  base, dispatch = _estimate(ctx, cfg, [])
+  base, dispatch = estimate_of(ctx, cfg, [])
   fix, fix_kind, tried = None, None, 0
   if not base.fits:
     fix, fix_kind, tried = _cheapest_fix(ctx, cfg)

@@ -171,6 +171,39 @@ def stored_elements(shape: tuple, names: tuple, rules: list, sizes: dict[str, in
   return shard_elements(shape, names, rules, sizes, skip=pipe.stack) * pipe.stored_layers()
 
 
+def pipelined_elements(leaves: list, rules: list, sizes: dict[str, int], pipe: Stages) -> int:
+  """Elements of the pipelined layers' weights one device stores (its stage's, every repeat) that it
+  gathers to compute with (split over an FSDP-style axis): what the two terms below are counted in."""
+  total = 0
+  for path, shape, names in leaves:
+    if path[0] != "params" or pipe.stack not in names:
+      continue
+    one = shard_elements(shape, names, rules, sizes, skip=pipe.stack)
+    if one < shard_elements(shape, names, rules, sizes, skip=pipe.stack, gathered=True):
+      total += one * pipe.per_stage
+  return total
+
+
+def relaid_bytes(cfg: Any, elements: int) -> int:
+  """The stage's stored weights re-laid out once per step, in the weight dtype: each is stored [repeats,
+  stages, <the layer's own dims>] and XLA:GPU moves the dimension it gathers over FSDP to the front before
+  it slices a repeat out and gathers it (read in gh200x4/qwen3-30b-a3b's program: a float32 transpose of
+  each of a stage's 18 expert kernels, 13.5 GiB, beside their gradients), as it does a scanned stack's
+  (`estimate._state_bytes`'s scan copy)."""
+  return elements * layer_phase.dtype_bytes(cfg.weight_dtype)
+
+
+def iteration_bytes(cfg: Any, pipe: Stages, elements: int) -> int:
+  """What one iteration of the pipeline holds of its stage's weights, for one repeat: the iteration's
+  gradient in float32 before it is added to the stage's, the weights cast to the compute dtype and their
+  gradient shards in it (reduce-scattered). gh200x4/qwen3-30b-a3b's program holds exactly these three at
+  its peak (3.2, 1.7 and 1.6 GiB for a repeat of 6 layers); with one repeat the float32 one is a third
+  whole copy of the stage's kernels (the 671B's staged program: gradients, the re-laid-out kernels, and
+  these)."""
+  narrow = layer_phase.dtype_bytes(cfg.dtype)
+  return elements // pipe.repeats * (layer_phase.dtype_bytes(cfg.weight_dtype) + 2 * narrow)
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineMemory:
   """One device's bytes for the pipelined layers beyond their weights."""
@@ -180,17 +213,21 @@ class PipelineMemory:
   buffers: int  # the loop's buffers, live in that backward
   saved: int  # what the scan over iterations keeps for the backward, on the device
   saved_host: int  # and offloaded
+  iteration: int = 0  # the iteration's stage weights (`iteration_bytes`), live in that backward
 
 
-def memory(cfg: Any, pipe: Stages, one: Any, tokens: int, *, ep: int, dispatch: str) -> PipelineMemory:
+def memory(
+  cfg: Any, pipe: Stages, one: Any, tokens: int, *, ep: int, dispatch: str, gathered: int = 0
+) -> PipelineMemory:
   """The pipelined layers' activations (see the module docstring); `tokens` per device over the batch axes
-  (no `stage`) for the whole micro batch, `one` a layer's weights as computed with (`layer_weights`)."""
+  (no `stage`) for the whole micro batch, `one` a layer's weights as computed with (`layer_weights`),
+  `gathered` the stage's stored weights it gathers (`pipelined_elements`)."""
   d_b = layer_phase.dtype_bytes(cfg.dtype)
   micro = pipe.microbatch_tokens(tokens, int(cfg.max_target_length))
   phase = layer_phase.of(cfg, one, micro, ep=ep, dispatch=dispatch)
   saved, saved_host = saved_bytes(cfg, pipe, micro, phase.rows, dispatch=dispatch)
   buffers = loop_buffer_elements(pipe, micro, int(cfg.emb_dim)) * d_b
-  return PipelineMemory(micro, phase, buffers, saved, saved_host)
+  return PipelineMemory(micro, phase, buffers, saved, saved_host, iteration_bytes(cfg, pipe, gathered))
 
 
 def saved_bytes(cfg: Any, pipe: Stages, micro: int, rows: int, *, dispatch: str) -> tuple[int, int]:

@@ -25,9 +25,12 @@ class Copies:
   # backward; the planner takes the largest
   received_narrow_by_d: int  # [S, D] compute dtype: the exchange's receive (and return) buffers
   layer_narrow_by_d: int  # [T, D] compute dtype: the residual stream's temporaries in a layer's backward
+  layer_narrow_by_d_mla: int  # the same with MLA attention
   experts_gathered: tuple[int, int]  # (compute dtype, float32) copies of one MoE layer's expert matrices
   # (`layer_weights`) when they are stored split over FSDP-style axes
   experts_local: int  # compute-dtype copies of them when each device stores its experts whole
+  experts_chunk_sums: int  # compute-dtype copies more when the exchange runs in chunks: the weight gradients'
+  # sums over the chunks
   layer_weight_copies: int  # compute-dtype copies of one MoE and one dense layer's other weights, gathered
   scores_narrow: int  # [B, H, L, L] compute dtype: dot-product attention's scores and their gradient
   scores_mask: int  # [B, H, L, L] bool: the causal and segment masks
@@ -52,8 +55,10 @@ XLA_CPU = Copies(
   rows_narrow=((4, 6),),
   received_narrow_by_d=0,
   layer_narrow_by_d=0,
+  layer_narrow_by_d_mla=0,
   experts_gathered=(0, 0),
   experts_local=0,
+  experts_chunk_sums=0,
   layer_weight_copies=0,
   scores_narrow=4,
   scores_mask=0,
@@ -104,9 +109,11 @@ XLA_GPU = Copies(
   rows_f32_by_d=0,
   rows_narrow=((6, 5), (4, 9)),
   received_narrow_by_d=4,
-  layer_narrow_by_d=12,
-  experts_gathered=(3, 1),
+  layer_narrow_by_d=5,
+  layer_narrow_by_d_mla=12,
+  experts_gathered=(1, 0),
   experts_local=1,
+  experts_chunk_sums=1,
   layer_weight_copies=2,
   scores_narrow=2,
   scores_mask=2,

@@ -52,6 +52,8 @@ def offloads(*, loads_weights: bool) -> tuple[str, ...]:
   """The OFFLOADS a recipe can take, in their order: not the parameters' when it starts from a checkpoint
   (`config.offload.takes`: the layer axis a converted checkpoint keeps)."""
   return tuple(o for o in OFFLOADS if offload.takes(o, loads_weights=loads_weights))
+
+
 BATCHES = (1, 2, 4, 8)
 STAGES = (2, 4, 8)
 TENSOR = (1, 2, 4)  # tensor-parallel degrees inside a domain

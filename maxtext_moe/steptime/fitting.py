@@ -63,7 +63,7 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
   the next offload tried is the first its arithmetic says fits (`_offloaded_fits`)."""
   from maxtext_moe.moe.layout import mesh_sizes  # pylint: disable=import-outside-toplevel
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import _estimate, resolved  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import estimate_of, resolved  # pylint: disable=import-outside-toplevel
 
   floors = [_state_floor(ctx, cfg, start), *([_doubled(half)] if half is not None else [])]
   levels = len(offloads(loads_weights=ctx.loads_weights))  # OFFLOADS' first ones: those the recipe can take
@@ -78,7 +78,7 @@ def first_fit(ctx: Any, cfg: Any, start: Layout, first: int, half: Any = None) -
       return None, count  # this model cannot take this layout (a check of ours or MaxText's)
     if divisibility.indivisible(ctx.leaves, divisibility.rules_of(cand), mesh_sizes(cand, ctx.num_devices)):
       return None, count
-    est, _ = _estimate(ctx, cand, [])
+    est, _ = estimate_of(ctx, cand, [])
     if est.fits:
       return (layout, cand, est), count
     level = next((k for k in range(level + 1, levels) if _offloaded_fits(ctx, est, k)), None)
@@ -168,7 +168,7 @@ def _schedules(ctx: Any, layout: Layout, cand: Any) -> list[Layout]:
 def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
   """The layout timed; a pipelined one at its fastest schedule (repeats, microbatches) that fits."""
   from maxtext_moe.config.nodes import global_batch  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import _estimate  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import estimate_of  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import predict_config  # pylint: disable=import-outside-toplevel
 
   label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f" x EP {layout.dcn_ep} across" if layout.dcn_ep > 1 else "")
@@ -177,7 +177,7 @@ def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
   best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label))
   for other in _schedules(ctx, layout, cand) if layout.stages > 1 else ():
     wrapped = _Schedule(cand, other.microbatches, other.repeats, other.pipelined)
-    e, _ = _estimate(ctx, wrapped, [])
+    e, _ = estimate_of(ctx, wrapped, [])
     pred = predict_config(ctx, wrapped, label) if e.fits else None
     if pred is not None and pred.tokens_per_s_per_gpu > best.prediction.tokens_per_s_per_gpu:
       best = Found(other, e.device_total / 2**30, batch_total, pred)

@@ -133,7 +133,7 @@ POINTS = (
 def predict_point(point: Point) -> Any:
   """The model's `Prediction` of `point`."""
   from maxtext_moe.config.hardware import GPUS  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import planning  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.external import external_workload  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.recipe import for_recipe  # pylint: disable=import-outside-toplevel
@@ -142,7 +142,7 @@ def predict_point(point: Point) -> Any:
     return for_recipe(point.recipe, list(point.overrides))
   lay = point.layout
   batch = [f"per_device_batch_size={lay.gbs / lay.gpus:g}", f"max_target_length={lay.seq}"]
-  ctx, cfg = _context(point.recipe, [*point.overrides, *batch], None, None)
+  ctx, cfg = planning(point.recipe, [*point.overrides, *batch], None, None)
   gpu = GPUS[lay.gpu]
   return predict(external_workload(cfg, ctx.leaves, lay, gpu, point.name.split(",")[0]), gpu)
 

@@ -47,6 +47,24 @@ def with_compiled(w: Workload, report: dict[str, Any], sides: dict[str, tuple[in
   return dataclasses.replace(w, transfers=kept, host_syncs=host_syncs, sources=sources, exchange_beside=beside)
 
 
+_GAP_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
+
+
+def collective_gaps(analytic: Workload, compiled: Workload) -> str:
+  """The analytic model's collectives beside the compiled program's, per kind: GiB per GPU and step each,
+  and where they differ by more than 10%, by how much (what `--time --compiled` puts in place of the
+  model's own count)."""
+  parts = []
+  for kind in _GAP_KINDS:
+    model = sum(t.wire_bytes for t in analytic.transfers if t.kind == kind and not t.name.startswith("XLA:GPU"))
+    program = sum(t.wire_bytes for t in compiled.transfers if t.kind == kind and t.name.startswith("XLA:GPU"))
+    if not model and not program:
+      continue
+    gap = "" if abs(program - model) <= 0.1 * max(model, program) else f" ({(model - program) / 2**30:+,.1f} GiB)"
+    parts.append(f"{kind} {model / 2**30:,.1f} by the model, {program / 2**30:,.1f} in the program{gap}")
+  return "; ".join(parts) or "none"
+
+
 def imbalance_of(cfg: Any, num_devices: int, run_dir: Any) -> Imbalance:
   """The routing imbalance `run_dir`'s moe_load.jsonl measured at `cfg`'s EP size (unmeasured without one)."""
   if run_dir is None:
@@ -58,15 +76,18 @@ def imbalance_of(cfg: Any, num_devices: int, run_dir: Any) -> Imbalance:
 def predict_config(
   ctx: Any, cfg: Any, label: str, compiled: dict | None = None, imbalance: Imbalance = UNMEASURED
 ) -> Any:
-  """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan._context` of its recipe)."""
+  """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan.planning` of its recipe)."""
   from maxtext_moe.config.hardware import gpu as gpu_model  # pylint: disable=import-outside-toplevel
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import dispatch_kind  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import dispatch_kind  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
 
   model = gpu_model(cfg.recipe_hardware)
   if model is None:
     raise UserError("plan --time models a GPU step; this recipe runs on CPU (pick a GPU recipe: 'maxtext-moe recipes')")
+  table_gbs = model.network_gbs
+  if ctx.network_gbs:
+    model = dataclasses.replace(model, network_gbs=float(ctx.network_gbs))
   kind = dispatch_kind(ctx, cfg)
   w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance)
   if compiled is not None:
@@ -75,7 +96,14 @@ def predict_config(
         f"the compile report is for {compiled.get('devices')} x {compiled.get('gpu')}, the plan for "
         f"{ctx.num_devices} x {cfg.recipe_hardware}: compile the same recipe and overrides"
       )
+    analytic = w
     w = with_compiled(w, compiled, mesh_sides(cfg, ctx.num_devices))
+    w.sources["collectives, the model beside the program (GiB per GPU and step)"] = collective_gaps(analytic, w)
+  w.sources["network"] = (
+    f"{model.network_gbs:,.0f} GB/s per GPU each way across NVLink domains"
+    + (f" (--network-gbs; the table's {model.product}: {table_gbs:,.0f})" if ctx.network_gbs else
+       f" ({model.product}'s NICs in the hardware table; plan --network-gbs N for your fabric)")
+  )  # fmt: skip
   return predict(w, model)
 
 
@@ -87,13 +115,15 @@ def for_recipe(
   compiled: dict | None = None,
   run_dir: Any = None,
   name: str = "",
+  planned: tuple[Any, Any] | None = None,
 ) -> Any:
   """The step-time `Prediction` of `recipe` + overrides on its GPUs (from `compile`'s report when given; at
-  the routing imbalance `run_dir` measured when given), labelled `name` (default: the recipe)."""
+  the routing imbalance `run_dir` measured when given), labelled `name` (default: the recipe); `planned`:
+  the recipe's `memory_plan.planning` when the command has it already."""
   from maxtext_moe.planner import divisibility  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import planning  # pylint: disable=import-outside-toplevel
 
-  ctx, cfg = _context(recipe, overrides, gpus, None)
+  ctx, cfg = planned or planning(recipe, overrides, gpus, None)
   divisibility.check(cfg, ctx.leaves, ctx.num_devices)  # a layout that cannot be built has no step time
   imbalance = imbalance_of(cfg, ctx.num_devices, run_dir)
   return predict_config(ctx, cfg, f"{name or recipe} on {ctx.num_devices} GPUs", compiled, imbalance)

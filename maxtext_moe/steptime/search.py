@@ -125,7 +125,7 @@ def _recipe_gpu(name: str) -> str | None:
 def _default_layout(base: Base, gpu: hardware.GpuModel, nodes: int) -> Layout:
   """The shipped HGX recipes' shape: the largest EP inside an NVLink domain that divides the experts, FSDP
   the rest of the domain and across domains, full remat, one sequence per GPU, nothing offloaded."""
-  from maxtext_moe.planner.memory_plan import resolved  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import resolved  # pylint: disable=import-outside-toplevel
 
   experts = max(int(resolved(base.path, base.overrides).num_experts), 1)
   return max(
@@ -147,13 +147,13 @@ def _template_file(keys: dict[str, Any]) -> Path:
   return path
 
 
-def search(base: Base, *, tensor: bool = False) -> tuple[list[Found], int, Any]:
+def search(base: Base, *, tensor: bool = False, network_gbs: float | None = None) -> tuple[list[Found], int, Any]:
   """(the layouts that fit, fastest first; how many MaxText resolved; the context of the base); with
   `tensor`, tensor parallelism 2 and 4 too (left out by default: XLA:GPU's programs of our block under it
-  move far more than the model counts, docs/step-time.md)."""
-  from maxtext_moe.planner.memory_plan import _context  # pylint: disable=import-outside-toplevel
+  move far more than the model counts, docs/step-time.md); `network_gbs`: the fabric's GB/s per GPU."""
+  from maxtext_moe.planner.planning import planning  # pylint: disable=import-outside-toplevel
 
-  ctx, cfg = _context(str(base.path), base.overrides, None, None)
+  ctx, cfg = planning(str(base.path), base.overrides, None, None, network_gbs=network_gbs)
   gpu = hardware.gpu(cfg.recipe_hardware)
   if gpu is None:
     raise UserError(f"{base.what} runs on CPU here; --search lays a model out on GPUs: pass --gpu GPU")
@@ -204,7 +204,11 @@ def table(found: list[Found], *, top: int, title: str, verified: list | None = N
   from rich.table import Table  # pylint: disable=import-outside-toplevel
 
   compiled = {id(v.found): v for v in verified or []}
-  t = Table(title=title)
+  caption = (
+    "Layouts within 0.5% of each other's tokens/s are ranked by the smaller global batch, then the less memory: "
+    "the model cannot tell them apart, and a smaller batch changes the optimization least."
+  )
+  t = Table(title=title, caption=caption)
   columns = ("#", "EP x FSDP (x TP) per domain", "across domains", "stages", "microbatches", "batch/GPU (global)")
   columns += ("remat", "offload", "GiB/GPU") + (("compiled GiB",) if compiled else ())
   for col in (*columns, "TFLOP/s/GPU", "tokens/s/GPU", "gives up"):

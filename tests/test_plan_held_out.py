@@ -1,0 +1,36 @@
+"""The planner within 10% of XLA:GPU's compile on the held-out set (`maxtext_moe/bench/held_out.py`): every
+shipped GPU recipe at its own nodes, and the search's first three layouts on six clusters. Extended tier:
+each case compiles in minutes (hours in all on 2 cores); `pytest -m extended tests/test_plan_held_out.py -k
+h100x8` runs a part. docs/planner.md holds the table of the last full run."""
+
+import pytest
+
+from maxtext_moe.bench import held_out
+from maxtext_moe.gpu_compile.command import plugin_installed
+
+pytestmark = [
+  pytest.mark.extended,
+  pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)"),
+]
+
+
+def _within(row: dict) -> None:
+  assert "error" not in row, f"{row['case']} did not compile: {row.get('error')}"
+  assert abs(row["rel_error"]) <= held_out.TOLERANCE, (
+    f"{row['case']}: planned {row['planned_gib']} GiB, compiled {row['compiled_gib']} ({row['rel_error']:+.1%})"
+  )
+  assert row["fits"] == row["planner_fits"] or abs(row["compiled_gib"] - row["usable_gib"]) < 0.05 * row["usable_gib"]
+
+
+@pytest.mark.parametrize("case", held_out.shipped(), ids=lambda c: c.name)
+def test_a_shipped_gpu_recipe_is_planned_within_10_percent_of_its_compile(case):
+  _within(held_out.measure(case))
+
+
+@pytest.mark.parametrize("name", list(held_out.SEARCHES))
+def test_the_searchs_first_three_layouts_are_planned_within_10_percent_of_their_compile(name, tmp_path):
+  cases = held_out.searched(name, tmp_path)
+  assert len(cases) == held_out.FIRST
+  rows = [held_out.measure(c) for c in cases]
+  for row in rows:
+    _within(row)
