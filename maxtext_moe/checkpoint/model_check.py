@@ -137,25 +137,6 @@ def check(cfg: Any, tree: ModelTree) -> None:
     raise UserError(_line(cfg, tree, ckpt, found))
 
 
-def check_recipe(recipe: str, overrides: list[str]) -> None:
-  """`check` for a launcher (`plan --check`, `k8s`, `train --check` off its GPUs): the recipe's model on one
-  device, traced only when the recipe loads a local checkpoint."""
-  from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.maxtext import model  # pylint: disable=import-outside-toplevel
-
-  path = recipe_path(recipe)
-  keys = resolution.layer_keys(path, overrides).maxtext
-  given = str(keys["load_parameters_path"] or keys["load_full_state_path"] or "")
-  if not given or "://" in given:
-    return
-  cfg = resolution.resolved(path, [*overrides, *model.ONE_DEVICE_OVERRIDES])
-  if local_checkpoint(cfg) is None:
-    return
-  staged = int(keys["ici_pipeline_parallelism"]) * int(keys["dcn_pipeline_parallelism"]) > 1
-  check(cfg, ModelTree(str(cfg.model_name), model.param_leaves(cfg), staged=staged))
-
-
 @dataclass(frozen=True)
 class _Row:
   """One model variable: its name in messages, where a checkpoint may keep it (in the order the restore

@@ -35,8 +35,9 @@ def check(
   check_inputs(cfg)
   trainer.validate(cfg)
   check_resume_layout(cfg)
-  est = fit.check(name, overrides).plan.base  # every tensor divides (as check_layout_divides) and it fits
-  step_s = for_recipe(name, overrides).step_s
+  verdict = fit.check(name, overrides, job=cfg)  # every tensor divides (as check_layout_divides) and it fits
+  est = verdict.plan.base
+  step_s = for_recipe(name, overrides, planned=verdict.planned).step_s  # the same resolution
   return {
     "recipe": recipe.path.stem,
     "devices": want,

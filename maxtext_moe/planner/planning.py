@@ -35,10 +35,12 @@ def planning(
   gpu_mem_gib: float | None,
   *,
   network_gbs: float | None = None,
+  job: Any = None,
 ) -> tuple[Planning, Any]:
   """(the `Planning` of `recipe` + overrides on its job, or on `gpus` GPUs; its resolved config): MaxText's
   resolution of the job, and of one device for the parameter tree (`_leaves`, cached per recipe);
-  `network_gbs`: the fabric's GB/s per GPU, one way, for the step-time model (`plan --network-gbs`)."""
+  `network_gbs`: the fabric's GB/s per GPU, one way, for the step-time model (`plan --network-gbs`); `job`:
+  the job's config where the command has resolved it already (`train --check`: then only the tree's)."""
   from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.recipes import recipe_path  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
@@ -48,7 +50,7 @@ def planning(
   loads = bool(keys.plugin.finetune or keys.maxtext["load_parameters_path"] or keys.maxtext["load_full_state_path"])
   # A fine-tuning recipe's weights do not change its memory: plan it without them.
   base_overrides = ["finetune=false", *overrides, *(_gpus_as_nodes(path, overrides, gpus) if gpus else [])]
-  cfg = resolved(path, base_overrides)
+  cfg = job if job is not None else resolved(path, base_overrides)
   n = int(cfg.recipe_num_devices)
   if n <= 0:
     import jax  # pylint: disable=import-outside-toplevel
