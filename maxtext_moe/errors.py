@@ -8,6 +8,12 @@ EXIT_READER_GONE = 141
 # requeue on it (scripts/slurm/train.sbatch; a JobSet restarts). EX_TEMPFAIL in sysexits.h.
 EXIT_RESUMABLE = 75
 
+# A row of the training data cannot be used (null, not text, an empty conversation, a chat template that fails
+# on it): the run saved its last completed step and stopped with one line naming the file and row. Not
+# requeued (the same row would stop it again): fix or remove the row, then run the same command.
+# EX_DATAERR in sysexits.h.
+EXIT_DATAERR = 65
+
 
 class UserError(ValueError):
   """Bad input from the user: a wrong key, recipe, value, layout or file. The message is one line; exit 2."""

@@ -58,26 +58,40 @@ def _check_pod(pod: dict, nodes: int, coordinator: str) -> None:
     str(nodes),
     "steps=10",
     "run_name=dsv3",  # pinned: every start of the pods continues the same run
+    "jax_cache_dir=/checkpoints/dsv3/jax_cache",  # and loads its compiled step (MaxText's is ~/jax_cache)
     "base_output_directory=/checkpoints",
   ]
   env = {e["name"]: e["value"] for e in container["env"]}
-  assert env == ENV | {"MAXTEXT_MOE_COORDINATOR": coordinator, "MAXTEXT_MOE_NNODES": str(nodes)}
+  staged = {"MAXTEXT_MOE_CACHE": "/staging"}  # JSONL staged once per pod, on the node's disk
+  assert env == ENV | staged | {"MAXTEXT_MOE_COORDINATOR": coordinator, "MAXTEXT_MOE_NNODES": str(nodes)}
   assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
   assert pod["restartPolicy"] == "Never"
   volumes = {v["name"]: v for v in pod["volumes"]}
   assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
   assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "maxtext-moe-checkpoints"}
-  assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints"}
+  assert volumes["staging"] == {"name": "staging", "emptyDir": {}}
+  assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/checkpoints", "/staging"}
+
+
+# A trainer that stops on a bad row (exit 65) or on bad input (2) fails its Job at once, and a JobSet does not
+# restart it.
+DATA_ERROR = {
+  "rules": [{"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2, 65]}}]
+}
 
 
 @pytest.mark.parametrize("nodes", [1, 16])
 def test_jobset(nodes):
   (jobset,) = k8s.manifests(_request(nodes, "jobset"), ENV)
   assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["kind"] == "JobSet"
-  assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 3}
+  assert jobset["spec"]["failurePolicy"] == {
+    "maxRestarts": 3,
+    "rules": [{"name": "data-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}],
+  }
   (replicated,) = jobset["spec"]["replicatedJobs"]
   assert replicated["name"] == "workers" and replicated["replicas"] == 1
   spec = replicated["template"]["spec"]
+  assert spec["podFailurePolicy"] == DATA_ERROR
   assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", nodes, nodes)
   _check_pod(_pod(spec), nodes, "dsv3-workers-0-0.dsv3:6123")
   as_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dsv3"}, "spec": copy.deepcopy(spec)}
@@ -91,6 +105,7 @@ def test_indexed_job_and_headless_service(nodes):
   _validate(job)
   assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"job-name": "dsv3"}
   assert job["spec"]["completions"] == nodes and job["spec"]["completionMode"] == "Indexed"
+  assert job["spec"]["podFailurePolicy"] == DATA_ERROR
   assert _pod(job["spec"])["subdomain"] == "dsv3"  # pod NAME-0 resolves as NAME-0.NAME
   _check_pod(_pod(job["spec"]), nodes, "dsv3-0.dsv3:6123")
 
@@ -191,7 +206,8 @@ def test_cli_prints_only_the_manifests_for_16_nodes(tmp_path):
   assert [d["kind"] for d in docs] == ["Service", "Job"]
   # what a failure costs, on standard error beside the manifests (the recipe's 50 steps, a period of 2,500)
   assert r.stderr.strip().splitlines()[-1] == (
-    "maxtext-moe: note: checkpoint_period=2500 >= steps=50: the run saves at its last step only; a failure loses it all"
+    "maxtext-moe: note: checkpoint_period=2500 >= steps=50: the run saves at its last step only; a failure loses it "
+    "all, under a minute by the step-time model"
   )
   for doc in docs:
     _validate(doc)
@@ -222,6 +238,9 @@ def test_the_same_manifest_run_twice_continues_the_run(tmp_path):
   command = _pod_command(list(yaml.safe_load_all(r.stdout)))
   assert "run_name=fine-tune" in command and command[-1] == "base_output_directory=/checkpoints"
   cpu = ["cpu/deepseek3-tiny" if a == "h200x8/deepseek3-proxy-16b" else "1" if a == "8" else a for a in command[1:]]
+  cpu = [
+    f"jax_cache_dir={tmp_path / 'checkpoints' / 'fine-tune' / 'jax_cache'}" if "jax_cache" in a else a for a in cpu
+  ]
   cpu = [*cpu[:-1], f"base_output_directory={tmp_path / 'checkpoints'}", "progress=plain", "max_target_length=128"]
   assert cpu[:5] == ["launch", "--nproc-per-node", "1", "--nnodes", "1"]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONUNBUFFERED="1")
@@ -259,6 +278,52 @@ def test_checkpoint_paths_that_exist_only_in_the_pods_are_passed_not_checked_her
   assert all(t in _pod_command(docs) for t in tok), "the pods' tokenizer: passed on, not read here"
 
 
+# JAX's persistent compilation cache: the GPU profiles' knobs, read when JAX is imported (configs/flags).
+CACHE_ENV = {
+  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "10",
+  "JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY": "true",
+}
+
+
+@pytest.mark.parametrize(
+  ("given", "added"),
+  [
+    ([], ["run_name=proxy", "jax_cache_dir=/checkpoints/proxy/jax_cache"]),
+    (["run_name=mine"], ["jax_cache_dir=/checkpoints/mine/jax_cache"]),
+    (["jax_cache_dir=/data/cache"], ["run_name=proxy"]),
+  ],
+)
+def test_a_restart_loads_the_compiled_step_from_the_run_on_the_checkpoint_volume(given, added):
+  """The pods keep JAX's persistent compilation cache in the run (process 0 writes it, every pod reads it),
+  so a JobSet restart loads the train step instead of compiling it; a jax_cache_dir of the user's stays."""
+  req = k8s.Request("proxy", "h200x8/deepseek3-proxy-16b", given, 2, "reg/maxtext-moe:0.1.0", fit_check=False)
+  _, docs = k8s.for_recipe(req)
+  command = _pod_command(docs)
+  assert command[command.index("train") :] == [
+    "train", "h200x8/deepseek3-proxy-16b", "--nodes", "2", *given, *added, "base_output_directory=/checkpoints"
+  ]  # fmt: skip
+  env = {
+    e["name"]: e.get("value")
+    for e in _pod(docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"])["containers"][0]["env"]
+  }
+  assert {k: env[k] for k in CACHE_ENV} == CACHE_ENV
+
+
+def test_what_a_failure_costs_is_in_minutes_where_the_recipe_records_its_step_time():
+  """k8s does not import the step-time model: the minutes come from the step time a recipe's
+  checkpoint_period line records; a fine-tune's own period without one is said in steps."""
+  said = {}
+  weights = ["load_parameters_path=/checkpoints/dsv3/items"]  # the pods' (`k8s_pod.here`)
+  for recipe, over in (("h100x8/deepseek3-671b", ["steps=1000"]), ("h100x8/deepseek3-671b-finetune", weights)):
+    req = k8s.Request("dsv3", recipe, over, 32, "reg/maxtext-moe:0.1.0", fit_check=False)
+    said[recipe] = k8s.for_recipe(req)[0].at_risk
+  assert said == {
+    "h100x8/deepseek3-671b": "checkpoints every 230 steps of 1000: a failure costs at most 230 steps, about 24 "
+    "minutes by the step-time model",
+    "h100x8/deepseek3-671b-finetune": "checkpoints every 250 steps of 2000: a failure costs at most 250 steps",
+  }
+
+
 @pytest.mark.parametrize("kind", ["jobset", "job"])
 def test_data_claims_are_mounted_read_only_beside_the_checkpoints(kind):
   """--data-claim NAME[:MOUNT]: each claim a read-only volume at its path (/data by default), the checkpoint
@@ -288,3 +353,24 @@ def test_a_layout_plan_says_does_not_fit_is_refused_before_anything_is_written()
   resolved, docs = k8s.for_recipe(k8s.Request(**(req.__dict__ | {"fit_check": False})))
   assert resolved.nodes == 1 and [d["kind"] for d in docs] == ["JobSet"]
   assert "per_device_batch_size=32" in _pod_command(docs)
+
+
+@pytest.mark.parametrize("kind", ["jobset", "job"])
+def test_a_staging_claim_holds_the_staged_data_for_the_whole_job(kind):
+  """--staging-claim NAME: the staging cache at /staging is that claim (staged once for the job, kept across
+  restarts), not the pod's own disk; a bad claim name or a data claim over /staging is one line."""
+  req = k8s.Request(**(_request(2, kind).__dict__ | {"staging_claim": "corpus-staged"}))
+  *_, job = k8s.manifests(req, ENV)
+  spec = job["spec"]["replicatedJobs"][0]["template"]["spec"] if kind == "jobset" else job["spec"]
+  _validate({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dsv3"}, "spec": copy.deepcopy(spec)})
+  pod = _pod(spec)
+  volumes = {v["name"]: v for v in pod["volumes"]}
+  assert volumes["staging"] == {"name": "staging", "persistentVolumeClaim": {"claimName": "corpus-staged"}}
+  mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+  assert mounts["staging"] == {"name": "staging", "mountPath": "/staging"}
+  env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+  assert env["MAXTEXT_MOE_CACHE"] == "/staging"
+  with pytest.raises(UserError, match=r"^--staging-claim 'Corpus': give a PersistentVolumeClaim's name"):
+    k8s.manifests(k8s.Request(**(req.__dict__ | {"staging_claim": "Corpus"})), ENV)
+  with pytest.raises(UserError, match=r"^--data-claim 'ds:/staging': /staging would share a path with the staging"):
+    k8s.manifests(k8s.Request(**(req.__dict__ | {"data_claims": ("ds:/staging",)})), ENV)

@@ -14,6 +14,7 @@
   maxtext-moe doctor [--json]                   GPU/TE/NCCL facts here, and what `auto` picks and why
   maxtext-moe k8s RECIPE [--nodes N] --image IMAGE   Kubernetes manifests (JobSet or indexed Job + Service)
   maxtext-moe data show RECIPE [key=value ...]  training rows (SFT or text) as the model sees them
+  maxtext-moe data check RECIPE [--nodes N] [key=value ...]  every row checked; the steps an epoch lasts
   maxtext-moe eval RECIPE load_parameters_path=... held-out completion loss and greedy exact match
   maxtext-moe report RUN_DIR [--json]           a run's plots and summary, rebuilt from its files
 

@@ -38,6 +38,7 @@ def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
     kind=ns.kind,
     checkpoint_claim=ns.checkpoint_claim,
     data_claims=tuple(ns.data_claim or ()),
+    staging_claim=ns.staging_claim or "",
     fit_check=not ns.no_fit_check,
     max_restarts=ns.max_restarts,
     topology_key=ns.topology_key,
@@ -56,7 +57,6 @@ def _k8s(ns: argparse.Namespace, out: IO[str]) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-  from maxtext_moe.cluster import k8s as k8s_defaults
 
   p = sub.add_parser(
     "k8s",
@@ -65,8 +65,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     description="Print, as YAML, the manifests that train RECIPE on its nodes (or --nodes N) of the recipe's "
     "GPUs: one pod per node running 'maxtext-moe launch --nproc-per-node G --nnodes N -- train RECIPE ...' "
     "from IMAGE, with the coordinator and node count set, the recipe's XLA/NCCL environment, a memory-backed "
-    "/dev/shm, a PersistentVolumeClaim at /checkpoints (base_output_directory) and any --data-claim "
-    "read-only. The run name is pinned (run_name=..., else --name), so a restart or the manifest applied "
+    "/dev/shm, a PersistentVolumeClaim at /checkpoints (base_output_directory), a staging cache at /staging "
+    "(JSONL data written as Parquet once per pod, or once for the job with --staging-claim) and any "
+    "--data-claim read-only. A pod that stops on a bad row (exit 65) or bad input (2) fails the job without a "
+    "restart. The run name is pinned (run_name=..., else --name), so a restart or the manifest applied "
     "again continues the run. The recipe, overrides and node count are checked first as 'maxtext-moe plan' "
     "checks them (whole NVLink domains, tensors that divide, memory that fits), so a layout that cannot run "
     "fails here, in one line with the nearest node count or plan's cheapest fix, and nothing is printed. "
@@ -91,6 +93,22 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "name continues the same run",
   )
   p.add_argument("--gpus-per-node", type=int, help="GPUs per pod (the key gpus_per_node); default: the hardware's")
+  _add_volume_options(p)
+  p.add_argument(
+    "--no-fit-check",
+    action="store_true",
+    help="write the manifests even where 'maxtext-moe plan' estimates the layout does not fit memory (the node "
+    "layout and tensor divisibility are still checked)",
+  )
+  p.add_argument("--max-restarts", type=int, default=3, help="jobset: whole-job restarts on failure (3)")
+  _add_rack_options(p)
+  p.set_defaults(func=_k8s)
+
+
+def _add_volume_options(p: argparse.ArgumentParser) -> None:
+  """The claims every pod mounts: checkpoints, the staging cache, data."""
+  from maxtext_moe.cluster import k8s as k8s_defaults  # pylint: disable=import-outside-toplevel
+
   p.add_argument(
     "--checkpoint-claim",
     default=k8s_defaults.CHECKPOINT_CLAIM,
@@ -105,14 +123,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     "host path, a CSI driver) reaches the pods as a claim bound to a PersistentVolume of it",
   )
   p.add_argument(
-    "--no-fit-check",
-    action="store_true",
-    help="write the manifests even where 'maxtext-moe plan' estimates the layout does not fit memory (the node "
-    "layout and tensor divisibility are still checked)",
+    "--staging-claim",
+    metavar="NAME",
+    help="a PersistentVolumeClaim mounted at /staging, where train writes JSONL data as Parquet before it reads "
+    "it (MAXTEXT_MOE_CACHE); ReadWriteMany, it is staged once for the job and kept across restarts. Default: "
+    "node-local disk (an emptyDir), staged once per pod",
   )
-  p.add_argument("--max-restarts", type=int, default=3, help="jobset: whole-job restarts on failure (3)")
-  _add_rack_options(p)
-  p.set_defaults(func=_k8s)
 
 
 def _add_rack_options(p: argparse.ArgumentParser) -> None:

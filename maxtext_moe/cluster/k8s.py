@@ -7,17 +7,17 @@ against its layout here, not on the cluster), the coordinator (pod 0's DNS name)
 
 The run name is pinned (the user's `run_name`, else the job's name), so every start of these pods, a JobSet
 restart or the same manifest applied again, continues the run from its last checkpoint under
-/checkpoints/RUN instead of starting a new one.
+/checkpoints/RUN instead of starting a new one, its train step loaded from /checkpoints/RUN/jax_cache.
 
 Two kinds:
 - `jobset` (default): a JobSet (jobset.x-k8s.io/v1alpha2). JobSet creates the headless service (named after
   the JobSet) and restarts the whole gang on a failure, up to --max-restarts times.
 - `job`: an indexed Job plus a headless Service, for clusters without JobSet; a failed pod fails the Job
   (not retried one by one: the others could not continue without it).
-Checkpoints go to a PersistentVolumeClaim at /checkpoints; /dev/shm is memory-backed (NCCL and XLA use it).
-Data and tokenizers on other claims are mounted read-only (--data-claim NAME[:MOUNT], /data by default).
-Before anything is written the layout is checked as `plan` checks it (fit.py): whole NVLink domains,
-tensors that divide, memory that fits.
+Checkpoints go to a PersistentVolumeClaim at /checkpoints, JSONL is staged at /staging (`k8s_pod.staging`),
+/dev/shm is memory-backed (NCCL and XLA use it), and other claims are mounted read-only (--data-claim
+NAME[:MOUNT], /data by default). A bad row fails the job without a restart. Before anything is written the
+layout is checked as `plan` checks it (fit.py): whole NVLink domains, tensors that divide, memory that fits.
 
 Multi-node NVLink (GB200/GB300 NVL72), where the layout puts one NVLink domain over several nodes:
 - a ComputeDomain (resource.nvidia.com/v1beta1, NVIDIA's DRA driver for GPUs) whose IMEX channel every pod
@@ -36,7 +36,7 @@ from typing import Any
 
 from maxtext_moe.cluster import k8s_pod, placement, supervisor
 from maxtext_moe.config import checkpointing
-from maxtext_moe.config.recipes import portable_text
+from maxtext_moe.config.recipes import portable_text, recorded_step_s
 from maxtext_moe.errors import UserError
 
 COORDINATOR_PORT = 6123
@@ -65,6 +65,7 @@ class Request:
   gpus_per_node: int = 8
   checkpoint_claim: str = CHECKPOINT_CLAIM
   data_claims: tuple[str, ...] = ()  # "NAME[:MOUNT]": more claims, read-only, at MOUNT (default /data)
+  staging_claim: str = ""  # the claim for staged JSONL at /staging ("": node-local disk, an emptyDir)
   max_restarts: int = 3
   run_name: str = ""  # "" -> the job's name
   nodes_per_domain: int = 1  # nodes one NVLink domain spans as laid out (> 1: GB200/GB300 NVL72)
@@ -91,19 +92,18 @@ def _check_name(name: str) -> None:
     raise UserError(f"--name {name!r}: use at most 40 lowercase letters, digits and '-', starting with a letter")
 
 
-def _rdma(req: Request) -> dict[str, int]:
-  return k8s_pod.rdma(req.rdma_resource)
-
-
 def data_mounts(req: Request) -> list[tuple[str, str]]:
   """(claim, mount path) of each --data-claim, checked against the pod's other mounts."""
   taken = {"/dev/shm": "the memory-backed /dev/shm", CHECKPOINT_MOUNT: f"--checkpoint-claim {req.checkpoint_claim}"}
-  taken |= {RECIPE_MOUNT: "the recipe's ConfigMap"} if req.recipe_text else {}
+  taken |= {k8s_pod.STAGING_MOUNT: "the staging cache"} | (
+    {RECIPE_MOUNT: "the recipe's ConfigMap"} if req.recipe_text else {}
+  )
   return k8s_pod.data_mounts(req.data_claims, taken)
 
 
 def _env(req: Request, coordinator: str, env: dict[str, str]) -> list[dict[str, Any]]:
   variables = env | {placement.COORDINATOR: coordinator, supervisor.NNODES: str(req.nodes)}
+  variables |= k8s_pod.staging(req.staging_claim)[2]
   if req.multi_node_nvlink and req.kind == "jobset":
     variables[supervisor.NODES_PER_GROUP] = str(req.nodes_per_domain)
   out = [{"name": k, "value": v} for k, v in sorted(variables.items())]
@@ -119,20 +119,20 @@ def _recipe_in_pod(req: Request) -> str:
 
 
 def command(req: Request) -> list[str]:
-  """The container's command: launch one process per GPU, each training the pinned run on `nodes` nodes."""
+  """The container's command: launch one process per GPU, each training the pinned run on `nodes` nodes, its
+  compiled programs kept in the run (`k8s_pod.pinned`)."""
   run = ["launch", "--nproc-per-node", str(req.gpus_per_node), "--nnodes", str(req.nodes), "--"]
   train = ["train", _recipe_in_pod(req), "--nodes", str(req.nodes), *req.overrides]
-  if not any(o.startswith("run_name=") for o in req.overrides):
-    train.append(f"run_name={req.run_name or req.name}")
+  train += k8s_pod.pinned(req.overrides, req.run_name or req.name, CHECKPOINT_MOUNT)  # the run, its compile cache
   return ["maxtext-moe", *run, *train, f"base_output_directory={CHECKPOINT_MOUNT}"]
 
 
 def _container(req: Request, coordinator: str, env: dict[str, str]) -> dict[str, Any]:
-  resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": req.gpus_per_node, **_rdma(req)}}
+  resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": req.gpus_per_node, **k8s_pod.rdma(req.rdma_resource)}}
   if req.multi_node_nvlink and req.compute_domain:
     resources["claims"] = [{"name": CHANNEL_CLAIM}]
   return {
-    "name": "trainer",
+    "name": k8s_pod.CONTAINER,
     "image": req.image,
     "command": command(req),
     "env": _env(req, coordinator, env),
@@ -141,6 +141,7 @@ def _container(req: Request, coordinator: str, env: dict[str, str]) -> dict[str,
     "volumeMounts": [
       {"name": "dshm", "mountPath": "/dev/shm"},
       {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+      k8s_pod.staging(req.staging_claim)[1],
     ]
     + ([{"name": "recipe", "mountPath": RECIPE_MOUNT, "readOnly": True}] if req.recipe_text else [])
     + [{"name": f"data-{i}", "mountPath": m, "readOnly": True} for i, (_, m) in enumerate(data_mounts(req))],
@@ -154,6 +155,7 @@ def pod_spec(req: Request, coordinator: str, env: dict[str, str], *, subdomain: 
     "volumes": [
       {"name": "dshm", "emptyDir": {"medium": "Memory"}},
       {"name": "checkpoints", "persistentVolumeClaim": {"claimName": req.checkpoint_claim}},
+      k8s_pod.staging(req.staging_claim)[0],
     ]
     + ([{"name": "recipe", "configMap": {"name": f"{req.name}-recipe"}}] if req.recipe_text else [])
     + [
@@ -162,7 +164,7 @@ def pod_spec(req: Request, coordinator: str, env: dict[str, str], *, subdomain: 
     ],
   }
   if req.multi_node_nvlink and req.compute_domain:
-    spec["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": _channel(req)}]
+    spec["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": f"{req.name}-imex-channel"}]
   if req.multi_node_nvlink and req.kind == "job":  # one NVLink domain: every pod in the same rack
     selector = {"matchLabels": {JOB_LABEL: req.name}}
     term = {"labelSelector": selector, "topologyKey": req.topology_key}
@@ -176,12 +178,9 @@ def job_spec(req: Request, pod: dict[str, Any], labels: dict[str, str], completi
     "completions": completions,
     "parallelism": completions,
     "backoffLimit": 0,
+    "podFailurePolicy": k8s_pod.POD_FAILURE_POLICY,
     "template": {"metadata": {"labels": labels}, "spec": pod},
   }
-
-
-def _channel(req: Request) -> str:
-  return f"{req.name}-imex-channel"
 
 
 def compute_domain(req: Request, labels: dict[str, str]) -> dict[str, Any]:
@@ -191,7 +190,7 @@ def compute_domain(req: Request, labels: dict[str, str]) -> dict[str, Any]:
     "apiVersion": COMPUTE_DOMAIN_API,
     "kind": "ComputeDomain",
     "metadata": {"name": f"{req.name}-domain", "labels": labels},
-    "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": _channel(req)}}},
+    "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{req.name}-imex-channel"}}},
   }
 
 
@@ -215,7 +214,7 @@ def _check(req: Request) -> None:
 def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
   """The documents to apply, in order."""
   _check(req)
-  _rdma(req)
+  k8s_pod.rdma(req.rdma_resource)
   data_mounts(req)
   labels = {"app.kubernetes.io/name": "maxtext-moe", JOB_LABEL: req.name}
   domain = [compute_domain(req, labels)] if req.multi_node_nvlink and req.compute_domain else []
@@ -261,7 +260,7 @@ def manifests(req: Request, env: dict[str, str]) -> list[dict[str, Any]]:
     "kind": "JobSet",
     "metadata": metadata,
     "spec": {
-      "failurePolicy": {"maxRestarts": req.max_restarts},
+      "failurePolicy": k8s_pod.jobset_failure_policy(req.max_restarts),
       "network": {"enableDNSHostnames": True},
       "replicatedJobs": [
         {"name": REPLICATED_JOB, "replicas": replicas, "template": {"spec": job_spec(req, pod, labels, per_job)}}
@@ -291,7 +290,7 @@ def for_recipe(req: Request) -> tuple[Request, list[dict[str, Any]]]:
   per_domain = max(int(layout.per_slice or layout.gpus_per_node) // layout.gpus_per_node, 1)
   text = portable_text(req.recipe)
   resolved = replace(req, nodes=layout.nodes, gpus_per_node=layout.gpus_per_node, nodes_per_domain=per_domain)
-  resolved = replace(resolved, recipe_text=text, at_risk=checkpointing.at_risk(cfg))
+  resolved = replace(resolved, recipe_text=text, at_risk=checkpointing.at_risk(cfg, recorded_step_s(recipe.path)))
   docs = manifests(resolved, recipe.flags.full_env())  # the request's own checks first: they are quick
   if req.fit_check:  # tensors that divide, memory that fits: plan's verdict, before anything is printed
     from maxtext_moe.cluster import fit  # pylint: disable=import-outside-toplevel

@@ -1,14 +1,63 @@
 """What a `maxtext-moe k8s` pod asks for beyond its GPUs and the checkpoint claim, from the user's flags:
 RDMA NICs (--rdma-resource NAME=COUNT) and more claims, read-only (--data-claim NAME[:MOUNT]). Each flag is
-checked here, one line with the fix, before any manifest is written. And the overrides this machine checks
-a recipe with, where a path names a file only the pods have."""
+checked here, one line with the fix, before any manifest is written. The staging cache every pod has, and
+the failure policy that keeps a run stopped by a bad row from being restarted. The run the pods train and
+where its compiled programs are kept. And the overrides this machine checks a recipe with, where a path names
+a file only the pods have."""
 
 from pathlib import Path
+from typing import Any
 
-from maxtext_moe.errors import UserError
+from maxtext_moe.data.corpus import CACHE_ENV
+from maxtext_moe.errors import EXIT_DATAERR, UserError
 
 DATA_MOUNT = "/data"
+STAGING_MOUNT = "/staging"
+CONTAINER = "trainer"
+
+
+def staging(claim: str) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+  """(volume, mount, environment) of the pod's staging cache, where `train` writes JSONL as Parquet: once
+  per pod, by the first of its processes while the others wait (`data.staging`). Node-local disk (an
+  emptyDir) by default; with --staging-claim a claim every pod mounts, so that the job stages once."""
+  if claim and not _claim_name_ok(claim):
+    raise UserError(
+      f"--staging-claim {claim!r}: give a PersistentVolumeClaim's name (lowercase letters, digits, '-', '.')"
+    )
+  source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+  return {"name": "staging", **source}, {"name": "staging", "mountPath": STAGING_MOUNT}, {CACHE_ENV: STAGING_MOUNT}
+
+
+# A pod whose trainer exits EXIT_DATAERR (a row the run cannot use, its last step saved) or 2 (bad input: a
+# bad JSONL row as it is staged, a key, a path) fails its Job at once, and the JobSet with it
+# (`jobset_failure_policy`): a restart would stop the same way.
+NO_RESTART = [2, EXIT_DATAERR]
+POD_FAILURE_POLICY = {
+  "rules": [{"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": NO_RESTART}}]
+}
+
+
+def jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
+  """Restarts on any failure but a Job failed by `POD_FAILURE_POLICY` (JobSet v0.6+)."""
+  rule = {"name": "data-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+  return {"maxRestarts": max_restarts, "rules": [rule]}
+
+
 POD_PATHS = ("model_file", "load_parameters_path", "tokenizer_path")
+COMPILE_CACHE = "jax_cache"  # JAX's persistent compilation cache, in the run directory
+
+
+def pinned(overrides: list[str], run: str, mount: str) -> list[str]:
+  """What the pods' train command adds to the user's overrides: the run name (`run` unless given), so that
+  every start continues one run, and MaxText's `jax_cache_dir` in that run on the checkpoint volume
+  (MOUNT/RUN/jax_cache) unless given. JAX's persistent compilation cache there is written by process 0 and
+  read by every process, so a restart loads the train step instead of compiling it; MaxText's default,
+  ~/jax_cache, is inside the container and gone with it (docs/cluster.md)."""
+  given = [o.partition("=")[2] for o in overrides if o.startswith("run_name=")]
+  name = [] if given else [f"run_name={run}"]
+  if any(o.startswith("jax_cache_dir=") for o in overrides):
+    return name
+  return [*name, f"jax_cache_dir={mount}/{(given or [run])[-1]}/{COMPILE_CACHE}"]
 
 
 def rdma(given: str) -> dict[str, int]:

@@ -18,8 +18,11 @@ import pyarrow.parquet as pq
 DEFAULT_MAX_CHARS = 8_000_000
 
 
+CACHE_ENV = "MAXTEXT_MOE_CACHE"  # where the corpus and staged JSONL go (default ~/.cache/maxtext_moe)
+
+
 def cache_dir() -> Path:
-  return Path(os.environ.get("MAXTEXT_MOE_CACHE", Path.home() / ".cache" / "maxtext_moe"))
+  return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "maxtext_moe"))
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:

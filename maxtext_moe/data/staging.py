@@ -1,12 +1,25 @@
 """Training data files read before MaxText's grain reader sees them: JSONL or Parquet rows, each with one
-named field, and JSONL staged as Parquet (grain reads Parquet, TFRecord and ArrayRecord, not JSON) once,
-under the cache directory, keyed by the files' paths, sizes and modification times. Used by SFT
-conversations (`sft.conversations`) and pretraining text (`pretrain.text`)."""
+named field, and JSONL staged as Parquet (grain reads Parquet, TFRecord and ArrayRecord, not JSON) under the
+cache directory, keyed by the files' paths, sizes and modification times. Used by SFT conversations
+(`sft.conversations`) and pretraining text (`pretrain.text`).
 
+Staging happens once per node: the first process to take the staging lock (`locks`, an flock next to the
+staged directory) writes it, the node's other processes wait on the lock and then find it written. The
+directory is written under a temporary name (with the host's name; what a killed stager of this host left
+is removed by the next) and renamed, so it is there complete or not at all: its existence is the marker.
+`stream` reads each JSONL file a line at a time and writes Parquet row groups of at most ROWS_PER_GROUP rows
+or GROUP_CHARS characters of text (pyarrow's ParquetWriter), so a file of any size stages in bounded
+memory; `stage` writes rows a caller already holds. `sources.json` in the staged
+directory names each part's JSONL file, so that a row found bad later is named by its own file and line.
+"""
+
+import functools
 import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,10 +28,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxtext_moe import locks
 from maxtext_moe.data.corpus import cache_dir
 from maxtext_moe.errors import UserError
 
 JSON_SUFFIXES = (".jsonl", ".json")
+SOURCES = "sources.json"
+ROWS_PER_GROUP = 10_000
+GROUP_CHARS = 64 * 2**20
+STAGE_WAIT_S = 7 * 24 * 3600.0  # the node's other processes wait for the one staging, however long it takes
 
 
 def _jsonl_rows(path: Path, column: str, what: str) -> Iterator[tuple[str, dict]]:
@@ -71,21 +89,92 @@ def staged_dir(paths: list[Path], kind: str) -> Path:
   return cache_dir() / kind / key.hexdigest()[:24]
 
 
+def source_of(part: Path) -> Path | None:
+  """The JSONL file a staged Parquet part was written from (None: `part` is not a staged file)."""
+  try:
+    names = json.loads((part.parent / SOURCES).read_text())
+  except (OSError, ValueError):
+    return None
+  return Path(names[part.name]) if isinstance(names, dict) and part.name in names else None
+
+
+def _part(i: int) -> str:
+  return f"part-{i:05d}.parquet"
+
+
+def _once(paths: list[Path], kind: str, fill: Callable[[Path], None]) -> str:
+  """The staged directory of `paths`, written by `fill(tmp)` once per node (see the module docstring);
+  returns the glob pattern grain reads."""
+  out = staged_dir(paths, kind)
+  lock = out.parent / f".{out.name}.lock"
+  if not out.is_dir():
+    locks.acquire(lock, what=f"staging {out}", wait_s=STAGE_WAIT_S)
+    try:
+      if not out.is_dir():  # else another process of this node staged it while this one waited
+        _publish(out, paths, fill)
+    finally:
+      locks.release(lock, remove=True)
+  return str(out / "*.parquet")
+
+
+def _publish(out: Path, paths: list[Path], fill: Callable[[Path], None]) -> None:
+  size = sum(p.stat().st_size for p in paths)
+  print(
+    f"maxtext-moe: staging {len(paths)} JSONL file(s), {size / 1e9:,.2f} GB, as Parquet in {out} (once per node)",
+    file=sys.stderr,
+    flush=True,
+  )
+  out.parent.mkdir(parents=True, exist_ok=True)
+  mine = f".{out.name}.{socket.gethostname()}."
+  for left in out.parent.glob(f"{mine}*"):  # a stager of this host killed mid-write (this one holds its lock)
+    shutil.rmtree(left, ignore_errors=True)
+  tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=mine))
+  try:
+    fill(tmp)
+    (tmp / SOURCES).write_text(json.dumps({_part(i): str(p.resolve()) for i, p in enumerate(paths)}) + "\n")
+    try:
+      os.rename(tmp, out)
+    except OSError:  # another node staged it first on a shared cache
+      if not out.is_dir():
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_held(rows_of: list[list[Any]], write: Callable[[list[Any], Path], None], tmp: Path) -> None:
+  for i, file_rows in enumerate(rows_of):
+    write(file_rows, tmp / _part(i))
+
+
 def stage(paths: list[Path], rows_of: list[list[Any]], *, kind: str, write: Callable[[list[Any], Path], None]) -> str:
   """The JSONL files `paths` (their checked rows, one list per file) as one Parquet file each (`write(rows,
-  out)`), in a directory under the cache written once, atomically; returns the glob pattern grain reads."""
-  out = staged_dir(paths, kind)
-  if not out.is_dir():
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-      for i, file_rows in enumerate(rows_of):
-        write(file_rows, tmp / f"part-{i:05d}.parquet")
-      try:
-        os.rename(tmp, out)
-      except OSError:  # another process of the job staged it first
-        if not out.is_dir():
-          raise
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
-  return str(out / "*.parquet")
+  out)`), staged once per node; returns the glob pattern grain reads."""
+  return _once(paths, kind, functools.partial(_write_held, rows_of, write))
+
+
+def _write_streamed(path: Path, out: Path, column: str, check: Callable[[dict, str], None]) -> None:
+  """One JSONL file as Parquet, `check(row, where)` on each row, a row group at a time."""
+  schema = pa.schema([(column, pa.string())])
+  with pq.ParquetWriter(out, schema) as writer:
+    texts: list[str] = []
+    chars = 0
+    for where, row in rows(path, column, "text data", f"a '{column}' string"):
+      check(row, where)
+      texts.append(row[column])
+      chars += len(row[column])
+      if len(texts) >= ROWS_PER_GROUP or chars >= GROUP_CHARS:
+        writer.write_table(pa.table({column: pa.array(texts, type=pa.string())}, schema=schema))
+        texts, chars = [], 0
+    if texts:
+      writer.write_table(pa.table({column: pa.array(texts, type=pa.string())}, schema=schema))
+
+
+def _write_all_streamed(paths: list[Path], column: str, check: Callable[[dict, str], None], tmp: Path) -> None:
+  for i, path in enumerate(paths):
+    _write_streamed(path, tmp / _part(i), column, check)
+
+
+def stream(paths: list[Path], *, kind: str, column: str, check: Callable[[dict, str], None]) -> str:
+  """The JSONL files `paths` staged once per node as Parquet with one text `column`, streamed a row group
+  at a time, every row checked (`check(row, where)` raises UserError naming it); the glob grain reads."""
+  return _once(paths, kind, functools.partial(_write_all_streamed, paths, column, check))

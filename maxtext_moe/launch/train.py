@@ -205,7 +205,7 @@ def train(
   import jax
   from absl import logging as absl_logging
 
-  from maxtext_moe.launch import environment
+  from maxtext_moe.launch import data_stop, environment
   from maxtext_moe.pretrain import text
   from maxtext_moe.sft import prepare as sft
   from maxtext_moe.upstream import resolution
@@ -236,13 +236,14 @@ def train(
   check_resume_layout(cfg)
   cfg = sft.prepare(absolute_checkpoint_paths(cfg), lead=jax.process_index() == 0)
   cfg = text.prepare(cfg)  # your own corpus: rows checked, JSONL staged as Parquet, the vocabulary checked
+  end = data_stop.for_run(cfg)  # the check each row passes as the run reads it
   recorder = _start_run(cfg, recipe, applied, job, out)
-  return _run(cfg, recipe, recorder, distributed=job is not None)
+  return _run(cfg, recipe, recorder, end, distributed=job is not None)
 
 
-def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str, Any]:
+def _run(cfg: Any, recipe: Any, recorder: Any, end: Any, *, distributed: bool) -> dict[str, Any]:
   """Runs the trainer with recovery installed and turns each early end into its one line (RunEnded)."""
-  from maxtext_moe.launch import interrupts, outcome  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.launch import data_stop, interrupts, outcome  # pylint: disable=import-outside-toplevel
   from maxtext_moe.moe.stats import CapacityOverflow, DroplessViolation  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import recovery  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext.trainer import run_trainer  # pylint: disable=import-outside-toplevel
@@ -262,7 +263,7 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
   outcome.quiet_about_full_disks()
   with interrupts.graceful_stop(rec, distributed=distributed) as received:
     try:
-      run_trainer(cfg, recorder, rec)
+      run_trainer(cfg, recorder, rec, end)
     except recovery.NonFiniteLoss as e:
       recorder.finish(stopped=True)
       raise outcome.nonfinite(e, checkpoints, command, lead=recorder.writer) from None
@@ -280,7 +281,9 @@ def _run(cfg: Any, recipe: Any, recorder: Any, *, distributed: bool) -> dict[str
       raise outcome.unexpected(e, recorder, checkpoints, command) from None
   if recorder.writer and str(cfg.checkpoint_integrity) != "off":  # the last save completed with the loop
     integrity.record_completed(checkpoints, checksums=str(cfg.checkpoint_integrity) == "checksums")
-  summary = recorder.finish(stopped=rec.stopped_at is not None)
+  summary = recorder.finish(stopped=rec.stopped_at is not None, ended=data_stop.summary_words(end, cfg, checkpoints))
   if rec.stopped_at is not None:
     raise outcome.stopped(received[0] if received else "SIGTERM", rec.stopped_at, checkpoints, command)
+  if (ended := data_stop.last_line(end, int(cfg.steps), checkpoints, command)) is not None:
+    raise ended
   return summary

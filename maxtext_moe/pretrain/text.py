@@ -4,9 +4,12 @@ directory, and the model's vocabulary sized from it. Checked before anything is 
 The keys (MaxText's grain reader, docs/recipes.md "Your own corpus"):
     dataset_type=grain grain_train_files='/data/corpus/*.jsonl' train_data_columns=[text]
     tokenizer_type=huggingface tokenizer_path=/data/tokenizer vocab_from_tokenizer=true
-- JSONL (one JSON object per line with the text column) is written once as Parquet under the cache and
-  the run reads that (MaxText's grain reader takes Parquet, not JSON); Parquet is read as it is.
-- Every row's text column must be a string: a row that is not says its file and line.
+- JSONL (one JSON object per line with the text column) is written once per node as Parquet under the
+  cache, streamed (`data.staging.stream`), and the run reads that (MaxText's grain reader takes Parquet,
+  not JSON); Parquet is read as it is, its column's type checked here.
+- Every row's text column must be a string (`row_check`): a JSONL row that is not says its file and line
+  as it is staged; a Parquet row says its file and row as the run reads it (`data.rows`), and the run
+  stops there after saving its last completed step.
 - `vocab_from_tokenizer=true` (pretraining from scratch) sizes the embedding and the output layer from the
   tokenizer: its length rounded up to a multiple of 128. Without it, a tokenizer with more tokens than the
   model's vocab_size is refused (its ids past the table would index out of it, silently on GPU).
@@ -21,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from maxtext_moe.data import staging
+from maxtext_moe.data.rows import TextRow
 from maxtext_moe.data.text import tokenizer_size
 from maxtext_moe.errors import UserError
 
@@ -55,8 +59,9 @@ def check_vocab(cfg: Any) -> None:
     )
 
 
-def _write_text(texts: list[str], out: Path, column: str) -> None:
-  pq.write_table(pa.table({column: pa.array(texts, type=pa.string())}), out)
+def row_check(cfg: Any) -> TextRow:
+  """The check every pretraining row passes, in staging, in `data check` and as the run reads it."""
+  return TextRow(list(cfg.train_data_columns)[0])
 
 
 def _check_parquet(path: Path, column: str) -> None:
@@ -73,44 +78,31 @@ def _check_parquet(path: Path, column: str) -> None:
     raise UserError(f"{path}: column '{column}' holds {kind}, not text; for token ids set tokenize_train_data=false")
 
 
-def _read(pattern: str, column: str, what: str, *, keep: int = 0) -> tuple[str | None, list[str], int]:
-  """(the staged Parquet pattern for JSONL input or None, the first `keep` texts, rows) of `pattern`."""
+def local_files(pattern: str, what: str, column: str, *, text: bool = True) -> list[Path] | None:
+  """The files of `pattern`, sorted, all JSONL or all Parquet (with `text`, a Parquet file's column checked
+  to hold text), or None where some are remote (MaxText reads them; nothing to check here)."""
   from maxtext_moe.config.paths import data_files  # pylint: disable=import-outside-toplevel
 
   files = sorted(data_files(pattern))
-  local = [Path(f) for f in files if "://" not in f]
   if not files:
     raise UserError(f"{what}={pattern} matches no file")
-  if len(local) < len(files):  # remote: MaxText reads it; nothing to check here
-    return None, [], 0
-  jsonl = {p.suffix in staging.JSON_SUFFIXES for p in local}
-  if len(jsonl) > 1:
+  if any("://" in f for f in files):
+    return None
+  paths = [Path(f) for f in files]
+  if len({p.suffix in staging.JSON_SUFFIXES for p in paths}) > 1:
     raise UserError(f"{what} mixes JSONL and Parquet ({', '.join(files[:4])}); use one format")
-  first, staged, total = [], [], 0
-  for path in local:
-    if path.suffix == ".parquet":
+  for path in paths:
+    if text and path.suffix == ".parquet":
       _check_parquet(path, column)
-    whole = []
-    if path.suffix != ".parquet" or len(first) < keep:
-      for where, row in staging.rows(path, column, "text data", f"a '{column}' string"):
-        text = row[column]
-        if not isinstance(text, str):
-          raise UserError(f"{where}: '{column}' is {type(text).__name__}, not a string")
-        total += 1
-        if len(first) < keep:
-          first.append(text)
-        if path.suffix != ".parquet":
-          whole.append(text)
-        elif len(first) >= keep:
-          break
-    staged.append(whole)
-  if jsonl != {True}:
-    return None, first, total
+  return paths
 
-  def write(texts: list[str], out: Path) -> None:
-    _write_text(texts, out, column)
 
-  return staging.stage(local, staged, kind="text-staged", write=write), first, total
+def _staged(pattern: str, column: str, what: str, check: TextRow) -> str | None:
+  """The staged Parquet pattern of JSONL files (every row checked on the way), None for Parquet files."""
+  paths = local_files(pattern, what, column)
+  if not paths or paths[0].suffix not in staging.JSON_SUFFIXES:
+    return None
+  return staging.stream(paths, kind="text-staged", column=column, check=check)
 
 
 def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
@@ -124,15 +116,27 @@ def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
     return cfg
   column = list(cfg.train_data_columns)[0]
   update: dict[str, Any] = {}
-  train, _, _ = _read(str(cfg.grain_train_files), column, "grain_train_files")
+  train = _staged(str(cfg.grain_train_files), column, "grain_train_files", row_check(cfg))
   if train:
     update |= {"grain_train_files": train, "grain_file_type": "parquet"}
   if cfg.grain_eval_files and int(cfg.eval_interval) > 0:
-    eval_columns = list(getattr(cfg, "eval_data_columns", None) or [column])
-    held_out, _, _ = _read(str(cfg.grain_eval_files), eval_columns[0], "grain_eval_files")
+    eval_column = list(getattr(cfg, "eval_data_columns", None) or [column])[0]
+    held_out = _staged(str(cfg.grain_eval_files), eval_column, "grain_eval_files", TextRow(eval_column))
     if held_out:
       update |= {"grain_eval_files": held_out, "grain_file_type": "parquet"}
   return cfg.model_copy(update=update) if update else cfg
+
+
+def first_texts(paths: list[Path], column: str, keep: int, check: TextRow) -> list[str]:
+  """The first `keep` texts of `paths`, each row checked; nothing else is read."""
+  texts: list[str] = []
+  for path in paths:
+    for where, row in staging.rows(path, column, "text data", f"a '{column}' string"):
+      check(row, where)
+      texts.append(row[column])
+      if len(texts) >= keep:
+        return texts
+  return texts
 
 
 def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
@@ -148,15 +152,18 @@ def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
     )
   check_vocab(cfg)
   column = list(cfg.train_data_columns)[0]
+  paths = local_files(str(cfg.grain_train_files), "grain_train_files", column)
+  if paths is None:
+    raise UserError(f"grain_train_files={cfg.grain_train_files}: data show reads local files")
   hp = hyperparameters(cfg.model_copy(update={"grain_file_type": "parquet"}))  # rows as dicts, not records
   need = max(int(hp.global_batch_size_to_load), rows) * 4
-  _, texts, total = _read(str(cfg.grain_train_files), column, "grain_train_files", keep=need)
+  texts = first_texts(paths, column, need, row_check(cfg))
   batch = next(grain_paths.pretrain_batches(hp, [{column: t} for t in texts], column))
   decode = grain_paths.decoder(hp)
   print(
-    f"{cfg.grain_train_files}: {total:,} documents read; the first rows of the first batch as the model sees "
-    f"them (max_target_length={cfg.max_target_length}, packed; each document on its own line, cut at 200 "
-    "characters)",
+    f"{cfg.grain_train_files}: the first rows of the first batch as the model sees them, from the first "
+    f"{len(texts):,} documents (max_target_length={cfg.max_target_length}, packed; each document on its own "
+    "line, cut at 200 characters; `data check` reads every row)",
     file=out,
   )
   for r in range(min(rows, len(batch["inputs"]))):

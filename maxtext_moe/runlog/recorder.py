@@ -87,10 +87,11 @@ class RunRecorder:
       if self._progress is not None:
         self._progress.show(row)
 
-  def finish(self, *, stopped: bool = False) -> dict[str, Any]:
+  def finish(self, *, stopped: bool = False, ended: str | None = None) -> dict[str, Any]:
     """Closes the file and progress, writes the plots, prints and returns the summary (process 0; the
     others return their own rows' summary and print nothing). `stopped`: the run was told to stop early
-    (a signal, a non-finite loss), so ending before `total_steps` needs no explanation."""
+    (a signal, a non-finite loss), so ending before `total_steps` needs no explanation; `ended`: why the
+    run ended before `total_steps` when its data ended it (the data ran out, a bad row)."""
     if not self.writer:
       return summarize(self.rows)
     if self._progress is not None:
@@ -104,8 +105,9 @@ class RunRecorder:
       summary["loss_plot"] = str(plots.plot_loss(all_rows, self.run_dir / self.plot_name))
     summary["moe_plots"] = [str(p) for p in plots.moe_plots(self.run_dir, layers)]
     last = max((r["step"] for r in all_rows if not files.is_eval(r)), default=-1)
-    if self.rows and not stopped and last + 1 < self.total_steps:
+    if (ended or (self.rows and not stopped)) and last + 1 < self.total_steps:
       summary["ended_early_at"], summary["total_steps"] = last + 1, self.total_steps
+      summary |= {"ended_because": ended} if ended else {}
     summary["metrics"] = str(self.metrics_path)
     summary["checkpoints"] = str(self.run_dir / "checkpoints")
     print(format_summary(summary), file=self.stream, flush=True)

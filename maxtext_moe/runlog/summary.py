@@ -96,11 +96,9 @@ def _measured(s: dict[str, Any]) -> list[str]:
 def format_summary(s: dict[str, Any]) -> str:
   """The summary as the lines `train` and `report` print."""
   lines = [f"run summary: {s['run_dir']}" if "run_dir" in s else "run summary", *_measured(s)]
-  if s.get("ended_early_at"):
-    lines.append(
-      f"  ended early after step {s['ended_early_at']} of {s['total_steps']}: MaxText stopped its loop (the "
-      "training data ran out, or target_eval_loss was reached); raise num_epoch or lower steps"
-    )
+  if s.get("ended_early_at") is not None:
+    why = s.get("ended_because") or "MaxText stopped its loop (target_eval_loss was reached)"
+    lines.append(f"  ended early after step {s['ended_early_at']} of {s['total_steps']}: {why}")
   files = {"metrics": s.get("metrics"), "loss plot": s.get("loss_plot"), "moe plots": s.get("moe_plots")}
   files["checkpoints"] = s.get("checkpoints")
   for label, value in files.items():
