@@ -8,12 +8,22 @@ checksums`, its CRC-32 (zlib's, one pass). Before a restore the launcher checks 
 (`problem`), and a mismatch is an unreadable checkpoint: the run falls back to the previous one as it does
 for a failed read. A checkpoint without the file (saved before this existed) is restored as it is.
 
+The file lives in Orbax's step directory, so it must never be written into a step Orbax is deleting
+(`max_num_checkpoints_to_keep`): Orbax's save finalizer removes old steps in a background thread, file by
+file and the directory last, and a manifest written into a half-deleted step made that last rmdir fail
+("[Errno 39] Directory not empty"), which killed the run at its next save and left a stub directory. A
+step Orbax will delete leaves its manager's list (`CheckpointManager._checkpoints`) in `save`, on the
+training thread, before the finalizer starts, and our records are written on that same thread: recording
+only the steps the manager still keeps (`record_completed(steps=...)`) never races a deletion. Kept there
+rather than beside the step so that it goes wherever the step goes (deleted, moved aside, copied).
+
 Hand-written because Orbax records no per-file sizes or checksums to check against.
 """
 
 import json
 import os
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 MANIFEST = "maxtext_moe_files.json"
@@ -40,12 +50,17 @@ def record(step_dir: Path, *, checksums: bool) -> None:
   os.replace(tmp, step_dir / MANIFEST)
 
 
-def record_completed(checkpoint_dir: Path, *, checksums: bool) -> list[int]:
-  """Records every complete step directory that has no manifest yet; returns their steps."""
+def record_completed(checkpoint_dir: Path, *, checksums: bool, steps: Iterable[int] | None = None) -> list[int]:
+  """Records every complete step directory that has no manifest yet; returns their steps. `steps`: the ones
+  the checkpoint manager keeps, the only ones recorded (None: every step directory, for when no deletion
+  can be under way: the manager closed, or never opened)."""
   if not checkpoint_dir.is_dir():
     return []
+  kept = None if steps is None else {str(s) for s in steps}
   done = []
   for step_dir in sorted(checkpoint_dir.iterdir()):
+    if kept is not None and step_dir.name not in kept:
+      continue
     if step_dir.is_dir() and step_dir.name.isdigit() and not (step_dir / MANIFEST).exists():
       record(step_dir, checksums=checksums)
       done.append(int(step_dir.name))

@@ -55,9 +55,37 @@ CASES = [
     "use ici_tensor_parallelism=4",
   ),
   ("two_auto_axes", ["train", "ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
+  (
+    "dcn_degree_on_one_process",
+    ["train", "dcn_expert_parallelism=2"],
+    "dcn_expert_parallelism=2 needs a multiple of 2 nodes but this job has 1, and on CPU a node is one process: "
+    "start 2 (maxtext-moe launch --nproc-per-node 1 --nnodes 2), or set dcn_expert_parallelism=1",
+  ),
   ("override_without_equals", ["train", "cpu/deepseek3-tiny", "steps"], "expected key=value, got 'steps'"),
   ("nonfinite_policy", ["train", "on_nonfinite_loss=maybe"], "bad value for 'on_nonfinite_loss'"),
   ("nonfinite_skips", ["train", "max_nonfinite_skips=0"], "bad value for 'max_nonfinite_skips'"),
+  (
+    "bos_missing_for_concat_then_split",  # Qwen3's tokenizer has no BOS; grain raised from inside the pipeline
+    [
+      "train",
+      "dataset_type=grain",
+      f"grain_train_files={REPO / 'README.md'}",
+      "train_data_columns=[text]",
+      "tokenizer_type=huggingface",
+      f"tokenizer_path={REPO / 'tests' / 'fixtures' / 'chat_tokenizers' / 'qwen3'}",
+      "vocab_from_tokenizer=true",
+      "grain_packing_type=concat_then_split",
+    ],
+    "add_bos=true with grain_packing_type=concat_then_split starts every packed row with the BOS token, and the "
+    f"tokenizer at {REPO / 'tests' / 'fixtures' / 'chat_tokenizers' / 'qwen3'} has no BOS token (Qwen3's has "
+    "none); set add_bos=false",
+  ),
+  (
+    "keep_no_checkpoint",
+    ["train", "max_num_checkpoints_to_keep=0"],
+    "max_num_checkpoints_to_keep=0 would delete every checkpoint as soon as it is saved, the last one included; "
+    "keep at least 1",
+  ),
   # the MoE block and the GPU path
   ("no_sparse_matmul", ["train", "sparse_matmul=false"], "moe_impl=dropless replaces MaxText's sparse_matmul path"),
   (

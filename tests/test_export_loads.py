@@ -4,7 +4,9 @@ torch is not installable here, so the model itself is checked as config.json aga
 key, and as tensors against the source's."""
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import ml_dtypes
@@ -100,6 +102,30 @@ def test_fp8_conversion_exports_bf16_config_and_its_tokenizer(tmp_path):
       a = a * scale[: a.shape[0], : a.shape[1]]
     a = a.astype(ml_dtypes.bfloat16)
     assert b.dtype == ml_dtypes.bfloat16 and a.tobytes() == b.tobytes(), name
+
+
+def _modes(root):
+  """{path under root: permission bits} of root and everything in it."""
+  return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *sorted(root.rglob("*"))]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_conversion_and_an_export_have_the_modes_the_umask_gives(tmp_path, umask):
+  """Issue 60: safetensors 0.8 writes its files 0o600, so another user (vLLM's, an evaluator's) could not
+  read an export's shards. Every file of both outputs has the mode the umask gives a new file (0o644 under
+  022), every directory a new directory's; a stricter umask (027) is kept, not widened."""
+  source = _hf_source(tmp_path)
+  old = os.umask(umask)
+  try:
+    convert.hf_to_maxtext(str(source), None, str(tmp_path / "mt"), overrides=["mtp_num_layers=1"])
+    export.maxtext_to_hf(str(tmp_path / "mt"), None, str(tmp_path / "hf"))
+  finally:
+    os.umask(old)
+  for out in (tmp_path / "mt", tmp_path / "hf"):
+    modes = _modes(out)
+    want = {k: (0o777 if (out / k).is_dir() else 0o666) & ~umask for k in modes}
+    assert modes == want, out.name
+  assert {"model-00001-of-00001.safetensors", "tokenizer.json"} <= set(_modes(tmp_path / "hf"))
 
 
 def test_from_scratch_run_exports_without_model_and_with_its_sentencepiece_tokenizer(tmp_path):

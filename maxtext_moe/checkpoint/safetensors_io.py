@@ -5,7 +5,8 @@ API fails on F8_E4M3 tensors ("module 'numpy' has no attribute 'float8_e4m3fn'")
 `get_tensor` copies the whole tensor into memory, whereas a memmap view lets a converter touch one
 tensor at a time and leaves caching to the page cache. The format is 8 bytes of little-endian header
 length, a JSON header {name: {dtype, shape, data_offsets}}, then the data. Writing uses the
-`safetensors` library (`safetensors.numpy.save_file`), which handles ml_dtypes arrays.
+`safetensors` library (`safetensors.numpy.save_file`), which handles ml_dtypes arrays; its files are then
+given the mode any file created there gets (`staging.usual_file_mode`: 0.8's are 0o600).
 """
 
 import json
@@ -20,6 +21,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from maxtext_moe.checkpoint.relayout import StoredTensor
+from maxtext_moe.checkpoint.staging import usual_file_mode
 from maxtext_moe.errors import UserError
 
 DTYPES = {
@@ -132,13 +134,14 @@ class HFCheckpoint:
 def write_shards(out_dir: Path, tensors: Iterable[tuple[str, np.ndarray]], *, max_shard_bytes: int) -> Iterator[int]:
   """Writes (name, array) pairs into shards of at most `max_shard_bytes` (one bigger tensor gets its own)
   plus model.safetensors.index.json. Yields bytes written after each shard, so callers can show progress.
-  Holds at most one shard's tensors in memory."""
+  Holds at most one shard's tensors in memory. Each shard has the mode a file created there usually has."""
   pending: dict[str, np.ndarray] = {}
-  pending_bytes, written, weight_map = 0, [], {}
+  pending_bytes, written, weight_map, mode = 0, [], {}, usual_file_mode(out_dir)
 
   def flush():
     name = f"shard-{len(written):05d}.safetensors"
     save_file(pending, str(out_dir / name), metadata={"format": "pt"})
+    os.chmod(out_dir / name, mode)
     written.append((name, list(pending)))
 
   for name, arr in tensors:

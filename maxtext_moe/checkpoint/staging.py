@@ -64,6 +64,26 @@ def _fsync_tree(root: Path) -> None:
     _fsync(Path(dirpath))
 
 
+def usual_file_mode(directory: Path) -> int:
+  """The permission bits a file created in `directory` gets the usual way: 0o666 masked by the process's
+  umask (0o644 under umask 022), or by the directory's default ACL where it has one. Writers that create
+  files otherwise (safetensors 0.8's `save_file` writes a 0o600 temporary file and renames it into place:
+  safetensors/safetensors#782) are given this mode, so a serving or evaluation user reads an export as
+  they read its config.json; a user's umask 077 is kept, not widened.
+
+  Hand-written because Python has no way to read the umask without setting it (`os.umask`), which would
+  change it for the whole process, under writer threads, for a moment: a probe file is created as any file
+  is and its mode read back, which also honors default ACLs."""
+  fd, probe = -1, directory / f".mode-probe-{os.getpid()}"
+  try:
+    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    return os.fstat(fd).st_mode & 0o777
+  finally:
+    if fd >= 0:
+      os.close(fd)
+      probe.unlink()
+
+
 class ByteProgress:
   """A rich progress bar in bytes with throughput (or nothing when not on a terminal)."""
 

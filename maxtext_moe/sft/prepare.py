@@ -1,5 +1,6 @@
 """SFT data before training: every conversation checked, lengths and masking measured with MaxText's own
-tokenizer and chat-template split (`upstream.sft`), JSONL staged as Parquet; and `maxtext-moe data show`.
+tokenizer and the rendering the trainer uses (`upstream.maxtext.sft_data`: the conversation whole through
+its chat template), JSONL staged as Parquet; and `maxtext-moe data show`.
 
 Checked before anything is compiled, one line each (exit 2): the tokenizer loads and has a chat template,
 each row is a conversation (`sft.conversations`), the template renders it, the held-out split exists and is

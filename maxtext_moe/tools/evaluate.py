@@ -1,7 +1,7 @@
 """`maxtext-moe eval`: a checkpoint on held-out conversations, the way a user checks a fine-tune.
 
 For each conversation, its last assistant turn is the reference: the prompt is everything before it, as
-MaxText's SFT pipeline splits it (`upstream.maxtext.sft_data.render`). Two numbers:
+the trainer's SFT pipeline renders it (`upstream.maxtext.sft_data.render`). Two numbers:
 - completion loss: mean cross-entropy of the reference's tokens given the prompt (teacher forcing);
 - exact match: greedy decoding from the prompt reproduces the reference token for token, its end-of-turn
   marker included (so a model that does not stop is wrong).

@@ -8,5 +8,6 @@ mesh.py          MaxText's device mesh across nodes whose devices report no NVLi
 mla_norm.py      the epsilon of MLA's low-rank norms, settable apart from the layer norms'
 weights_load.py  MaxText's weights-only load, made to read what we write and to start FP8 runs
 compile.py       MaxText's FLOPs count, the compiled step's memory, the step lowered for any platform
-sft_data.py      MaxText's SFT data pipeline (its tokenizer, chat template and grain) for our files
+sft_data.py      MaxText's SFT data pipeline (its tokenizer and grain) for our files, rendering by chat.py
+chat.py          a conversation whole through its chat template, and the tokens of the assistant replies
 """

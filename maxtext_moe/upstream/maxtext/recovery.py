@@ -186,9 +186,12 @@ class RecoveryPatches:
     return None if _agree(found is None) else (found or "damaged on process 0")
 
   def record(self, checkpoint_manager: Any) -> None:
-    """Process 0 records the checkpoints whose saves have completed since (`integrity.record_completed`)."""
+    """Process 0 records the checkpoints whose saves have completed since (`integrity.record_completed`),
+    of those the manager keeps: never one its retention (max_num_checkpoints_to_keep) is deleting."""
     if self.rec.integrity != "off" and jax.process_index() == 0 and checkpoint_manager is not None:
-      integrity.record_completed(Path(checkpoint_manager.directory), checksums=self.rec.integrity == "checksums")
+      kept = checkpointing.all_steps(checkpoint_manager)
+      checksums = self.rec.integrity == "checksums"
+      integrity.record_completed(Path(checkpoint_manager.directory), checksums=checksums, steps=kept)
 
   def _resumed(self, checkpoint_manager: Any, good: int, failures: list[tuple[int, str]]) -> None:
     if failures:

@@ -13,7 +13,9 @@ For one run, `run_trainer` installs (and afterwards removes):
 - `multihost_dataloading._terminate_iterator_workers` -> the same, without its AssertionError on grain
   iterators that have no parent;
 - `max_utils.initialize_summary_writer` -> a tensorboardX writer on the run's tensorboard_dir;
-- MaxText's checkpoint restore, preemption test and optimizer (`upstream.maxtext.recovery`).
+- MaxText's checkpoint restore, preemption test and optimizer (`upstream.maxtext.recovery`);
+- MaxText's Parquet reader, data loader and loop iteration, for a run its data ends (`upstream.maxtext.data_end`).
+- its SFT pipeline's chat-template rendering -> the conversation rendered whole (`upstream.maxtext.sft_data`).
 """
 
 import gc
@@ -33,7 +35,7 @@ from maxtext.utils import max_utils, maxtext_utils, train_utils
 
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe import stats as moe_stats
-from maxtext_moe.upstream.maxtext import moe_layer, recovery
+from maxtext_moe.upstream.maxtext import data_end, moe_layer, recovery, sft_data
 from maxtext_moe.upstream.maxtext.config import hyperparameters
 from maxtext_moe.upstream.maxtext.model import model_patches
 from maxtext_moe.upstream.patches import Method, Patch, installed, original
@@ -188,15 +190,19 @@ def validate(cfg: MoEMaxTextConfig) -> None:
     raise UserError(f"MaxText refuses this config: {str(e).strip() or type(e).__name__}") from None
 
 
-def run_trainer(cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None) -> None:
-  """Runs MaxText's pre-training loop in this process on `cfg`, with our block, hooks and recovery
-  (`upstream.maxtext.recovery`) installed."""
+def run_trainer(
+  cfg: MoEMaxTextConfig, hooks: RunHooks, rec: recovery.Recovery | None = None, end: data_end.DataEnd | None = None
+) -> None:
+  """Runs MaxText's pre-training loop in this process on `cfg`, with our block, hooks, recovery
+  (`upstream.maxtext.recovery`) and the end of its data (`upstream.maxtext.data_end`: `end` says what ended
+  the run when its data did) installed."""
   rec = rec or recovery.Recovery()
   run = TrainerPatches(hyperparameters(cfg), hooks, rec)
   moe_layer.prepare_te_ep(run.config)
   if not absl_flags.FLAGS.is_parsed():
     absl_flags.FLAGS.mark_as_parsed()
-  with installed([*model_patches(run.config), *run.patches(), *recovery.patches(rec)]), moe_layer.te_guard():
+  ours = [*run.patches(), *recovery.patches(rec), *data_end.patches(end or data_end.DataEnd()), *sft_data.patches()]
+  with installed([*model_patches(run.config), *ours]), moe_layer.te_guard():
     try:
       train.main(["", "<config resolved by maxtext-moe>"])
     finally:
