@@ -9,7 +9,7 @@ import yaml
 
 from conftest import run_cli
 from maxtext_moe.config import checkpointing
-from maxtext_moe.config.recipes import configs_dir, list_recipes
+from maxtext_moe.config.recipes import configs_dir, list_recipes, recipe_path
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_every_gpu_recipe_saves_by_time_not_maxtexts_ten_thousand_steps():
 @pytest.mark.ci
 def test_every_gpu_recipes_period_is_at_most_thirty_minutes_by_the_step_time_model():
   """About a minute: each recipe timed by the step-time model on its own GPUs."""
-  from maxtext_moe.planner.memory_plan import resolved
+  from maxtext_moe.planner.planning import resolved
   from maxtext_moe.steptime.recipe import for_recipe
 
   for name in (n for n in list_recipes() if not n.startswith("cpu/")):
@@ -77,6 +77,29 @@ def test_the_line_says_what_a_failure_costs():
   assert checkpointing.at_risk(_cfg(50, 100, enabled=False)).startswith("checkpointing is off")
 
 
+def _gigabytes(n: int) -> str:
+  return f"{n / 1e9:g} GB"
+
+
+def test_what_the_kept_checkpoints_take_on_disk():
+  """A run saves at 0, every period and at its last step; max_num_checkpoints_to_keep keeps the newest N."""
+  assert [checkpointing.saves(steps, 5) for steps in (1, 5, 6, 10, 11, 25, 26)] == [1, 2, 2, 3, 3, 6, 6]
+  assert (checkpointing.saves(-1, 5), checkpointing.saves(100, 10_000)) == (0, 2)  # 0 and the last, 99
+  gb = _gigabytes
+  every = checkpointing.Retention(steps=25, period=5, keep=None)
+  assert (every.kept(10**9), every.on_disk(10**9, gb)) == (
+    (6, 6 * 10**9),
+    "all 6 checkpoints of its 25 steps stay, 6 GB on disk (max_num_checkpoints_to_keep=N keeps the newest N)",
+  )
+  two = checkpointing.Retention.of({"steps": 25, "checkpoint_period": 5, "max_num_checkpoints_to_keep": 2})
+  assert (two.kept(10**9), two.on_disk(10**9, gb)) == (
+    (2, 2 * 10**9),
+    "the newest 2 checkpoint(s) stay (max_num_checkpoints_to_keep=2), 2 GB on disk, 3 GB while a save completes",
+  )
+  assert checkpointing.Retention(steps=3, period=5, keep=2).kept(10**9) == (2, 2 * 10**9)  # 0 and 2
+  assert checkpointing.Retention(25, 5, 2, enabled=False).on_disk(10**9, gb) == "checkpointing is off"
+
+
 def test_train_check_of_a_staged_recipe_off_its_gpus_counts_the_jobs_devices(tmp_path: Path):
   """A pipeline's microbatches must divide the batch MaxText counts: on a login node (1 CPU device here) the
   job's 8 GH200s x 4 sequences, not this machine's 4 (MaxText asserted 'must be divisible by the number of
@@ -92,7 +115,7 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert proc.returncode == 0, proc.stderr[-2000:]
   lines = proc.stdout.strip().splitlines()
   assert lines[0].startswith("train deepseek3-671b: checked off its GPUs: the config, the layout on 256 GPUs")
-  assert "it fits (61.8 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
+  assert "it fits (57.8 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
   assert lines[1] == (
     "  checkpoint_period=230 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
     "minutes by the step-time model"
@@ -103,9 +126,9 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert big.returncode == 2
   last = big.stderr.strip().splitlines()[-1]
   assert last == (
-    "maxtext-moe: error: h100x8/deepseek3-671b on 32 node(s) does not fit: 129.2 GiB per GPU at the peak, 72.8 "
+    "maxtext-moe: error: h100x8/deepseek3-671b on 32 node(s) does not fit: 125.3 GiB per GPU at the peak, 72.8 "
     "usable (maxtext-moe plan h100x8/deepseek3-671b per_device_batch_size=8 --nodes 32 shows the estimate); "
-    "cheapest fix (smaller micro-batch): per_device_batch_size=2 (61.8 GiB per GPU)"
+    "cheapest fix (smaller micro-batch): per_device_batch_size=2 (57.8 GiB per GPU)"
   )
 
 
@@ -130,3 +153,25 @@ def test_a_checkpoint_read_at_the_other_scan_axis_is_one_line_before_anything_is
   assert not (tmp_path / "runs").exists()
   good = run_cli([*args, "--check"], cwd=tmp_path)
   assert good.returncode == 0, good.stderr[-2000:]
+
+
+def test_the_step_time_a_recipe_records_is_read_where_the_step_time_model_is_not(tmp_path):
+  """`k8s` says minutes from the step time a checkpoint_period line notes: a shipped recipe's, through its
+  base_config chain, and a `plan --search --write` file's header; a fine-tune's own period without a note
+  (its layout may differ from the base's) gives none."""
+  from maxtext_moe.config.recipes import recorded_step_s
+
+  written = tmp_path / "mine.yml"
+  written.write_text(
+    "# checkpoint_period: about 30 minutes of steps at the model's 4.35 s a step (a failure costs at most that).\n"
+    "base_config: ${moe_configs:recipes/h100x8/deepseek3-671b.yml}\ncheckpoint_period: 410\n"
+  )
+  names = ["h100x8/deepseek3-671b", "h100x8/deepseek3-671b-finetune", "h200x8/deepseek3-671b-sft", "cpu/deepseek3-tiny"]
+  found = {n: recorded_step_s(recipe_path(n)) for n in names} | {"written": recorded_step_s(written)}
+  assert found == {
+    "h100x8/deepseek3-671b": 6.27,
+    "h100x8/deepseek3-671b-finetune": None,
+    "h200x8/deepseek3-671b-sft": 10.05,
+    "cpu/deepseek3-tiny": None,
+    "written": 4.35,
+  }

@@ -150,6 +150,54 @@ def test_a_recipe_of_the_other_family_is_refused_with_the_differences(tmp_path):
   assert "num_experts=16 vs num_experts=8" in str(e.value)
 
 
+_SHIPPED = [
+  (
+    "h100x8/mixtral-8x7b",
+    "mixtral_8x7b",
+    [],
+    "model.norm.weight has shape [64] but model h100x8/mixtral-8x7b expects [4096]",
+  ),
+  (
+    "h100x8/deepseek3-671b-finetune",
+    "deepseek_v3",
+    ["mtp_num_layers=0", "override_model_config=true"],
+    "model.layers.3.mlp.gate.e_score_correction_bias has shape [16] but model h100x8/deepseek3-671b-finetune "
+    "expects [256]",
+  ),
+]
+
+
+@pytest.mark.parametrize(("recipe", "published", "overrides", "differs"), _SHIPPED)
+def test_a_shipped_recipe_is_the_model_of_its_published_config(recipe, published, overrides, differs, tmp_path):
+  """--model RECIPE against the model's real config.json (the tiny fixture's tensors beside it): the
+  comparison finds nothing and a tensor is the first difference. A fine-tune recipe describes the model
+  without its weights (it asked for load_parameters_path, the output convert writes); Mixtral's
+  max_position_embeddings is config.json's 32768 (it was MaxText's base.yml's, DeepSeek's 163840)."""
+  d = tmp_path / "hf"
+  shutil.copytree(FIXTURES / published, d)
+  shutil.copy(FIXTURES / "published" / f"{published}.json", d / "config.json")
+  with pytest.raises(UserError) as e:
+    convert.hf_to_maxtext(str(d), recipe, str(tmp_path / "out"), overrides=overrides)
+  assert str(e.value) == f"tensor {differs}: the checkpoint is a different model"
+  assert not (tmp_path / "out").exists()
+
+
+def test_the_mtp_fix_named_for_a_recipe_is_one_its_model_file_takes(tmp_path):
+  """The fine-tune recipe's model file sets mtp_num_layers: 1, so the fix must say override_model_config
+  (mtp_num_layers=0 alone is MaxText's refusal); the fixture is saved by transformers, without MTP."""
+  d = tmp_path / "hf"
+  shutil.copytree(FIXTURES / "deepseek_v3_saved", d)
+  shutil.copy(FIXTURES / "published" / "deepseek_v3.json", d / "config.json")
+  with pytest.raises(UserError) as e:
+    convert.hf_to_maxtext(str(d), "h100x8/deepseek3-671b-finetune", str(tmp_path / "out"))
+  assert str(e.value) == (
+    f"h100x8/deepseek3-671b-finetune has mtp_num_layers=1 but {d} holds 0 MTP layer(s) (config.json has "
+    "num_nextn_predict_layers, the tensors are absent: transformers' save_pretrained drops them); pass "
+    "mtp_num_layers=0 override_model_config=true to convert without them"
+  )
+  assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize("name", FAMILIES)
 def test_finetune_starts_at_the_converted_models_loss(name, tmp_path, resolution):

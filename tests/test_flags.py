@@ -99,6 +99,16 @@ def test_flags_command_prints_valid_shell(tmp_path):
   assert cuda == "unset"
 
 
+def test_flags_of_a_finetune_recipe_are_its_base_recipes_without_weights(tmp_path):
+  """The XLA/NCCL environment does not depend on the weights: a *-finetune recipe prints it without
+  load_parameters_path (it refused: 'finetune=true needs weights to start from'), its base recipe's."""
+  tuned = run_cli(["flags", "h100x8/deepseek3-671b-finetune"], cwd=tmp_path)
+  base = run_cli(["flags", "h100x8/deepseek3-671b"], cwd=tmp_path)
+  assert (tuned.returncode, tuned.stderr) == (0, ""), tuned.stderr[-2000:]
+  assert (base.returncode, base.stderr) == (0, "")
+  assert tuned.stdout == base.stdout
+
+
 def test_a_sharded_step_compiles_with_a_gpu_profile_on_cpu():
   """The GB200 profile's XLA_FLAGS parse, and a sharded jitted step compiles and runs under them (CPU)."""
   env = dict(os.environ, **flags.profile("gb200").full_env())

@@ -21,6 +21,8 @@ one=0
 while [[ $# -gt 0 && "$1" == -* ]]; do [[ "$1" == --ntasks=1 ]] && one=1; shift; done
 if [[ $one == 1 ]]; then exec "$@"; fi
 echo "fan-out XLA_FLAGS=${XLA_FLAGS-unset}" >> "$SRUN_LOG"
+min_s="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS-unset}"
+echo "fan-out JAX $min_s ${JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY-unset}" >> "$SRUN_LOG"
 """
 
 
@@ -57,7 +59,7 @@ def test_sbatch_runs_the_check_then_fans_out_with_the_recipes_environment(tmp_pa
   assert r.returncode == 0, r.stderr[-3000:]
   assert "h200x8/deepseek3-proxy-16b on 1 node(s), 8 GPUs, fits (" in r.stderr
   assert "a checkpoint's train state is 24.2 GB per GPU, 193 GB per node" in r.stderr
-  check, train, fan_out = calls
+  check, train, fan_out, _ = calls
   assert "plan" in check and "--check" in check and "maxtext-moe train h200x8/deepseek3-proxy-16b" in train
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in fan_out, "the flags step's exports reach srun"
 
@@ -67,9 +69,34 @@ def test_sbatch_fit_check_0_skips_the_memory_estimate_not_the_layout(tmp_path):
   r, calls = _sbatch(tmp_path, 1, big)
   assert r.returncode == 2 and "does not fit: " in r.stderr and len(calls) == 1, r.stderr[-2000:]
   r, calls = _sbatch(tmp_path, 1, big, FIT_CHECK="0")
-  assert r.returncode == 0 and len(calls) == 3, r.stderr[-2000:]  # check, train, its fan-out
+  assert r.returncode == 0 and len(calls) == 4, r.stderr[-2000:]  # check, train, its fan-out's two lines
   r, calls = _sbatch(tmp_path, 3, ["h100x8/deepseek3-671b"], FIT_CHECK="0")
   assert r.returncode == 2 and "use --nodes 32" in r.stderr and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+  ("recipe", "cache", "knobs"),
+  [
+    ("h200x8/deepseek3-proxy-16b", ["jax_cache_dir={out}/j-h200x8-deepseek3-proxy-16b/jax_cache"], "10 true"),
+    ("cpu/deepseek3-tiny", [], "unset unset"),  # on CPU each process's key differs: no cache (resolution.py)
+  ],
+)
+def test_sbatch_keeps_a_gpu_runs_compiled_step_in_the_run(tmp_path, recipe, cache, knobs):
+  """JAX's persistent compilation cache under OUT/RUN (MaxText's jax_cache_dir; its own default, ~/jax_cache,
+  is node-local or gone with the container) and the GPU profile's knobs in every task's environment, so a
+  requeue loads the train step instead of compiling it."""
+  r, calls = _sbatch(tmp_path, 1, [recipe, "steps=5"], FIT_CHECK="0")
+  assert r.returncode == 0, r.stderr[-3000:]
+  _, train, _, jax = calls
+  out = tmp_path / "out"
+  want = [
+    *(c.format(out=out) for c in cache),
+    "steps=5",
+    f"base_output_directory={out}",
+    f"run_name=j-{recipe.replace('/', '-')}",
+  ]
+  assert train.split(" --nodes 1 ", 1)[1].split() == want
+  assert jax == f"fan-out JAX {knobs}"
 
 
 def test_the_signal_lead_is_a_setting_whose_default_covers_a_671b_save_at_20_gb_per_s():
@@ -86,14 +113,29 @@ def test_plan_check_is_one_line_with_the_checkpoint_size(capfd, monkeypatch):
   (line,) = capfd.readouterr().out.strip().splitlines()
   pattern = (
     r"maxtext-moe: h100x8/deepseek3-671b on 32 node\(s\), 256 GPUs, fits \([\d.]+ GiB of 72.8 usable per GPU\); "
-    r"a checkpoint's train state is ([\d.]+) GB per GPU, (\d+) GB per node"
+    r"a checkpoint's train state is ([\d.]+) GB per GPU, (\d+) GB per node, 8.2 TB per job; "
+    r"the newest 2 checkpoint\(s\) stay "
+    r"\(max_num_checkpoints_to_keep=2\), ([\d.]+) TB on disk, ([\d.]+) TB while a save completes"
   )
-  per_gpu, per_node = re.fullmatch(pattern, line).groups()
+  per_gpu, per_node, kept, saving = re.fullmatch(pattern, line).groups()
   assert float(per_gpu) * 256 / 1e3 == pytest.approx(8.2, rel=0.03), "671B x (float32 + Adam's two) = 8.1 TB"
   assert int(per_node) == pytest.approx(float(per_gpu) * 8, abs=1)
+  assert (float(kept), float(saving)) == pytest.approx((2 * 8.2, 3 * 8.2), rel=0.03), "the recipe keeps 2"
   assert cli.main(["plan", "h100x8/deepseek3-671b", "--check", "offload=none"]) == 2
   (err,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("maxtext-moe: error:")]
   assert "does not fit: " in err and "cheapest fix (offload preset): offload=optimizer (" in err, err
+
+
+def test_plan_check_says_what_one_checkpoint_writes_per_gpu_node_and_job():
+  """Per job: every GPU's share once (8.2 TB, 671B x 12 bytes), the H200 recipe's two data-parallel
+  copies of the state counted once; per GPU and per node as each holds it."""
+  from maxtext_moe.cluster import fit
+
+  written = {r: fit.check(r, []).line().split("; ")[1] for r in ("h100x8/deepseek3-671b", "h200x8/deepseek3-671b")}
+  assert written == {
+    "h100x8/deepseek3-671b": "a checkpoint's train state is 32.1 GB per GPU, 257 GB per node, 8.2 TB per job",
+    "h200x8/deepseek3-671b": "a checkpoint's train state is 64.0 GB per GPU, 512 GB per node, 8.2 TB per job",
+  }
 
 
 def test_plan_time_says_which_throughput_is_the_prediction(capfd):

@@ -4,10 +4,12 @@ import io
 import json
 import os
 import stat
+import warnings
 
 import pytest
 
-from maxtext_moe.runlog.files import read_jsonl, step_row
+from maxtext_moe.runlog import report
+from maxtext_moe.runlog.files import load_row, read_jsonl, step_row
 from maxtext_moe.runlog.recorder import RunRecorder
 from maxtext_moe.runlog.summary import summarize
 from maxtext_moe.upstream.maxtext.recovery import NonFiniteGuard, NonFiniteLoss
@@ -95,6 +97,19 @@ def test_finish_writes_plot_and_summary(tmp_path):
   assert summary["tokens_per_s"] == 2 * 51.5  # median of steps 2..3; the compiling first step is excluded
   text = out.getvalue()
   assert "step     3/3  loss 5.0000" in text and "50% lower" in text
+
+
+def test_a_one_step_run_plots_without_a_warning(tmp_path):
+  """Its three pictures and nothing on standard error: the load heatmap's one step was an x range of zero
+  width ("Attempting to set identical low and high xlims", a matplotlib UserWarning)."""
+  (tmp_path / "metrics.jsonl").write_text(json.dumps(step_row(0, _scalars(4.0), num_devices=1)) + "\n")
+  row = load_row(0, [[3, 1, 0, 4], [2, 2, 2, 2]], [0.0, 0.01])
+  (tmp_path / "moe_load.jsonl").write_text(json.dumps(row) + "\n")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    _, written = report.report(tmp_path)
+  assert [str(w.message) for w in caught] == []
+  assert written == [tmp_path / "loss.png", tmp_path / "moe_load.png", tmp_path / "moe_balance.png"]
 
 
 def test_summarize_empty_run():

@@ -34,7 +34,7 @@ from maxtext_moe.checkpoint.host_memory import bound_host_memory
 from maxtext_moe.checkpoint.model_spec import ModelSpec
 from maxtext_moe.checkpoint.safetensors_io import DTYPES, HFCheckpoint
 from maxtext_moe.checkpoint.staging import ByteProgress, interactive, staged_output
-from maxtext_moe.config import model_file
+from maxtext_moe.config import checks, model_file
 from maxtext_moe.errors import UserError
 
 OUT_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
@@ -51,7 +51,9 @@ def model_tree(spec: ModelSpec, *, max_chunk_elems: int = leaf_plan.MAX_CHUNK_EL
   from maxtext_moe.upstream import resolution
   from maxtext_moe.upstream.maxtext import model as upstream_model
 
-  cfg = resolution.resolved(spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides])
+  cfg = resolution.resolved(
+    spec.recipe, [*upstream_model.ONE_DEVICE_OVERRIDES, *spec.overrides, *checks.WITHOUT_WEIGHTS]
+  )
   if not cfg.scan_layers:
     raise UserError("conversion writes MaxText's scanned layout: drop scan_layers=false")
   abstract = [leaf_plan.AbstractLeaf(p, s, n) for p, s, n in upstream_model.param_leaves(cfg)]
@@ -149,7 +151,7 @@ def check_model(ckpt: HFCheckpoint, cfg: Any, spec: ModelSpec) -> None:
   if cfg.mtp_num_layers > mtp:
     raise UserError(
       f"{spec.label} has mtp_num_layers={cfg.mtp_num_layers} but {ckpt.dir} holds {mtp} MTP layer(s)"
-      f"{_MTP_DROPPED if _mtp_dropped(ckpt) else ''}; pass mtp_num_layers={mtp} to convert without them"
+      f"{_MTP_DROPPED if _mtp_dropped(ckpt) else ''}; pass mtp_num_layers={mtp}{spec.pinned} to convert without them"
     )
 
 

@@ -31,6 +31,12 @@ class ModelSpec:
   model_yaml: Path | None = None
   source_config: dict[str, Any] | None = field(default=None, compare=False)
 
+  @property
+  def pinned(self) -> str:
+    """What a model-key override needs on this model: a recipe's model YAML (MaxText's `model_name` file)
+    refuses one without override_model_config=true; a model.yml's and config.json's keys are overrides."""
+    return " override_model_config=true" if self.recipe != _base() else ""
+
 
 def _base() -> Path:
   return recipes.configs_dir() / "base.yml"

@@ -110,11 +110,11 @@ def _recipes(ns: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _flags(ns: argparse.Namespace, out: IO[str]) -> int:
-  from maxtext_moe.config import flags
+  from maxtext_moe.config import checks, flags
   from maxtext_moe.upstream import resolution
 
   name, overrides = _needs_recipe(ns, "flags")
-  recipe = resolution.read(name, overrides)
+  recipe = resolution.read(name, [*overrides, *checks.WITHOUT_WEIGHTS])  # the flags do not depend on them
   recipe.resolve()  # the whole config must be valid, not only its flag keys
   run_flags = recipe.flags
   if not ns.no_check:

@@ -7,6 +7,7 @@ the plugin's pydantic config class (see `upstream.resolution`), after MaxText's 
 
 from typing import Any
 
+from maxtext_moe.config import checkpointing
 from maxtext_moe.config.quantization import check_dense_quantization
 from maxtext_moe.config.stage_checks import check_pipeline_for_moe
 from maxtext_moe.moe.layout import (
@@ -167,6 +168,12 @@ def check_block_supports_model(cfg: Any) -> None:
     raise ValueError(f"moe_impl=dropless does not support {bad[0]} yet; {_FIX}")
 
 
+# Overrides, placed last, for a command that reads a recipe's model, layout or flags but never its weights
+# (`convert`, `flags`): a *-finetune recipe then resolves without load_parameters_path, and a path given is
+# not checked (check_finetune_has_weights would ask `convert` for the checkpoint it is about to write).
+WITHOUT_WEIGHTS = ("finetune=false", "load_parameters_path=''", "load_full_state_path=''")
+
+
 def check_finetune_has_weights(cfg: Any) -> None:
   """A fine-tuning recipe must load weights; a local checkpoint must exist and look like Orbax's."""
   path = cfg.load_parameters_path or cfg.load_full_state_path
@@ -248,4 +255,5 @@ ALL_CHECKS = (
   check_block_supports_model,
   check_pipeline_for_moe,
   check_finetune_has_weights,
+  checkpointing.check_kept,
 )

@@ -162,7 +162,7 @@ class PluginKeys(BaseModel):
     None,
     description="Host-offload preset: none, optimizer, optimizer_params, activations or all; sets MaxText's "
     "optimizer/parameter host-offload keys and a custom remat policy (maxtext_moe/config/offload.py). Needs "
-    "pinned host memory (GPU, TPU and CPU have it).",
+    "pinned host memory (GPU, TPU and CPU have it). Unset: MaxText's own offload keys as the layers set them.",
   )
   flag_profile: FlagProfile = Field(
     FlagProfile.AUTO,

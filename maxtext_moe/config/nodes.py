@@ -175,7 +175,7 @@ def _cpu(nodes: int, dcn: dict[str, int], recipe_devices: int) -> NodeLayout:
   nodes = 1 if nodes == -1 else nodes
   if nodes < 1:
     raise UserError(f"nodes={nodes}: a job has at least one node")
-  why = _dcn_problem(nodes, dcn)
+  why = _cpu_problem(nodes, dcn)
   if why:
     raise UserError(why)
   if recipe_devices > 0 and recipe_devices % nodes:
@@ -183,6 +183,24 @@ def _cpu(nodes: int, dcn: dict[str, int], recipe_devices: int) -> NodeLayout:
   filled, cross = _fill(dcn, nodes)
   per_slice = recipe_devices // nodes if recipe_devices > 0 else None
   return NodeLayout(nodes, None, recipe_devices, nodes, per_slice, filled, cross)
+
+
+def _cpu_problem(nodes: int, dcn: dict[str, int]) -> str | None:
+  """`_dcn_problem` on CPU, where a node is one process: fixed DCN degrees that need more nodes than the job
+  has name the processes to start and the degrees to drop instead ("1 NVLink domains do not divide by the
+  fixed DCN degrees' product 2" named neither)."""
+  why = _dcn_problem(nodes, dcn)
+  fixed = math.prod(d for d in dcn.values() if d > 0)
+  auto = -1 in dcn.values()
+  if why is None or (not auto and nodes > fixed):
+    return why  # None, or more nodes than the degrees lay out: the line says to set a degree to -1
+  need = fixed * math.ceil(nodes / fixed)
+  degrees = {f"dcn_{a}_parallelism": d for a, d in dcn.items() if d > 1}
+  return (
+    f"{' x '.join(f'{k}={d}' for k, d in degrees.items())} needs {'a multiple of ' * auto}{fixed} nodes but this "
+    f"job has {nodes}, and on CPU a node is one process: start {need} (maxtext-moe launch --nproc-per-node 1 "
+    f"--nnodes {need}), or set {' '.join(f'{k}=1' for k in degrees)}"
+  )
 
 
 def global_batch(per_device_batch_size: float, devices: int, gradient_accumulation_steps: int = 1) -> int:

@@ -11,11 +11,17 @@ says which configs/ this package reads and how to run that copy (MAXTEXT_MOE_CON
 
 import difflib
 import os
+import re
 from pathlib import Path
 
 from maxtext_moe.errors import UserError
 
 DEFAULT_RECIPE = "cpu/deepseek3-tiny"
+# The step time a recipe's checkpoint_period was chosen from, as shipped recipes note it on the key's line
+# ("about 25 minutes of steps at the step-time model's 6.27 s a step") and `plan --search --write` in its
+# header ("checkpoint_period: about 30 minutes of steps at the model's 6.27 s a step").
+_RECORDED_STEP_S = re.compile(r"^#? ?checkpoint_period:.*at the (?:step-time )?model's ([\d.]+) s a step", re.M)
+_SETS_PERIOD = re.compile(r"^checkpoint_period:", re.M)
 
 
 def configs_dir() -> Path:
@@ -51,6 +57,20 @@ def recipe_path(name: str) -> Path:
   near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
   hint = f"did you mean '{near[0]}'?" if near else "run 'maxtext-moe recipes' to list them"
   raise UserError(f"unknown recipe '{name}'; {hint}")
+
+
+def recorded_step_s(path: Path) -> float | None:
+  """The step-time model's seconds a step that a recipe's checkpoint_period was chosen from, as its file or
+  the first of its base_config chain that sets the period notes it; None where that file sets its own period
+  without a note (a fine-tune's, whose layout may differ). For what a failure costs in minutes where the
+  step-time model is not at hand (`k8s`, which does not import it)."""
+  for layer in _chain_in_copy(path.resolve(), configs_dir().resolve()) or [path]:
+    text = layer.read_text(encoding="utf-8")
+    if found := _RECORDED_STEP_S.search(text):
+      return float(found.group(1))
+    if _SETS_PERIOD.search(text):
+      return None
+  return None
 
 
 def _copy_root(path: Path) -> Path | None:

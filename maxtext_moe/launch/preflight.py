@@ -216,6 +216,43 @@ def check_inputs(cfg: Any) -> None:
       f"tokenizer_path={tokenizer} is not a directory (tokenizer_type=huggingface); point it at the "
       "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
     )
+  if kind == "huggingface" and local:
+    check_bos(cfg)
+
+
+def _bos_token(path: str) -> str | None:
+  """The BOS token of the Hugging Face tokenizer at `path` (None: it has none); one line if none loads."""
+  from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+
+  from maxtext_moe.data.text import tokenizer_size  # pylint: disable=import-outside-toplevel
+
+  tokenizer_size(path)  # one line for a directory no tokenizer loads from
+  return AutoTokenizer.from_pretrained(path).bos_token
+
+
+def check_bos(cfg: Any) -> None:
+  """add_bos=true (MaxText's default) with a Hugging Face tokenizer that has no BOS token (Qwen3's has none).
+  MaxText's tokenizer then adds nothing, which is what such a model was trained with: a pretraining run
+  goes on and says so at start, in one line. Packing by concat_then_split would put the missing BOS first
+  in every row (grain raises from inside the pipeline): refused, with the fix. SFT runs are silent: the
+  chat template writes whatever BOS the model uses, and add_bos does not apply to it."""
+  if not cfg.add_bos or _bos_token(str(cfg.tokenizer_path)) is not None:
+    return
+  where = f"the tokenizer at {cfg.tokenizer_path} has no BOS token (Qwen3's has none)"
+  if str(cfg.grain_packing_type) == "concat_then_split":
+    raise UserError(
+      f"add_bos=true with grain_packing_type=concat_then_split starts every packed row with the BOS token, and "
+      f"{where}; set add_bos=false"
+    )
+  import jax  # pylint: disable=import-outside-toplevel
+
+  if not cfg.use_sft and jax.process_index() == 0:
+    ends = "each ended by its EOS token (add_eos=true)" if cfg.add_eos else "with nothing between them (add_eos=false)"
+    print(
+      f"maxtext-moe: note: {where}, so add_bos=true adds nothing: documents are packed without one, {ends}; "
+      "set add_bos=false to say so",
+      file=sys.stderr,
+    )
 
 
 def absolute_checkpoint_paths(cfg: Any) -> Any:

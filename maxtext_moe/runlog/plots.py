@@ -33,6 +33,25 @@ def _plt():
   return plt
 
 
+def _whole(axis: Any) -> None:
+  """Ticks at whole steps or experts only (a 1-step run's step axis was ticked 0.96 ... 1.04)."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+
+  axis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def _one_point(x: Any) -> str | None:
+  """A marker where a line has one point (a 1-step run), which a line alone does not draw."""
+  return "o" if len(x) == 1 else None
+
+
+def _step_range(steps: np.ndarray) -> tuple[float, float]:
+  """A heatmap's x range over `steps` (counted from 0; shown from 1): one sampled step spans one step
+  (an equal low and high warned "identical xlims" on a 1-step run's standard error)."""
+  first, last = float(steps[0] + 1), float(steps[-1] + 1)
+  return (first - 0.5, first + 0.5) if last == first else (first, last)
+
+
 def plot_loss(rows: list[dict[str, Any]], path: Path) -> Path:
   """Writes the loss curve as a PNG (matplotlib, no display needed)."""
   plt = _plt()
@@ -40,11 +59,12 @@ def plot_loss(rows: list[dict[str, Any]], path: Path) -> Path:
   losses = [r["loss"] for r in rows if r.get("loss") is not None]
   evals = [(r["step"] + 1, r["eval_loss"]) for r in rows if is_eval(r) and r["eval_loss"] is not None]
   fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-  ax.plot(steps, losses, lw=1.5, label="training loss")
+  ax.plot(steps, losses, lw=1.5, marker=_one_point(steps), label="training loss")
   if evals:
     ax.plot(*zip(*evals, strict=True), "o-", lw=1.5, label="eval loss (held-out)")
     ax.legend()
   ax.set_xlabel("step")
+  _whole(ax.xaxis)
   ax.set_ylabel("loss")
   ax.set_title(path.parent.name)
   ax.grid(alpha=0.3)
@@ -63,7 +83,7 @@ def plot_load(steps: np.ndarray, load_SLE: np.ndarray, path: Path) -> Path:
   fig, axes = plt.subplots(
     rows, cols, figsize=(2.4 * cols + 1, 2.0 * rows + 0.8), dpi=100, squeeze=False, layout="constrained"
   )
-  extent = (steps[0] + 1, steps[-1] + 1, -0.5, experts - 0.5)
+  extent = (*_step_range(steps), -0.5, experts - 0.5)
   image = None
   for i, ax in enumerate(axes.flat):
     if i >= layers:
@@ -72,6 +92,8 @@ def plot_load(steps: np.ndarray, load_SLE: np.ndarray, path: Path) -> Path:
     image = ax.imshow(rel[:, i, :].T, aspect="auto", origin="lower", cmap="RdBu_r", vmin=0, vmax=2, extent=extent)
     ax.set_title(f"MoE layer {i}", fontsize=8)
     ax.tick_params(labelsize=6)
+    _whole(ax.xaxis)
+    _whole(ax.yaxis)
     if i % cols == 0:
       ax.set_ylabel("expert", fontsize=7)
     if i >= layers - cols:
@@ -87,12 +109,12 @@ def _per_layer(ax: Any, steps: np.ndarray, values_SL: np.ndarray, label: str) ->
   x = steps + 1
   if values_SL.shape[1] <= MANY_LAYERS:
     for i in range(values_SL.shape[1]):
-      ax.plot(x, values_SL[:, i], lw=1.2, label=f"layer {i}")
+      ax.plot(x, values_SL[:, i], lw=1.2, marker=_one_point(x), label=f"layer {i}")
   else:
     worst = int(np.argmax(values_SL.max(axis=0)))
     ax.fill_between(x, values_SL.min(axis=1), values_SL.max(axis=1), alpha=0.25, label="min-max over layers")
-    ax.plot(x, np.median(values_SL, axis=1), lw=1.2, label="median layer")
-    ax.plot(x, values_SL[:, worst], lw=1.2, label=f"layer {worst} (the highest)")
+    ax.plot(x, np.median(values_SL, axis=1), lw=1.2, marker=_one_point(x), label="median layer")
+    ax.plot(x, values_SL[:, worst], lw=1.2, marker=_one_point(x), label=f"layer {worst} (the highest)")
   ax.set_ylabel(label, fontsize=8)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6, ncol=2)
@@ -104,6 +126,7 @@ def plot_balance(steps: np.ndarray, load_SLE: np.ndarray, bias_SL: np.ndarray, p
   _per_layer(top, steps, relative_load(load_SLE).max(axis=-1), "max / mean expert load")
   _per_layer(bottom, steps, bias_SL, "mean |routing bias|")
   bottom.set_xlabel("step")
+  _whole(bottom.xaxis)
   top.set_title(f"{path.parent.name}: MoE balance", fontsize=9)
   fig.tight_layout()
   fig.savefig(path)

@@ -6,6 +6,7 @@ base.yml value in a comment) or, with --all, `maxtext_keys`."""
 from typing import Any
 
 import yaml
+from pydantic.fields import FieldInfo
 
 from maxtext_moe.config.keys import PLUGIN_KEY_NAMES, PluginKeys
 
@@ -53,10 +54,18 @@ def show_config(recipe: str, overrides: list[str], *, show_all: bool = False) ->
   return "\n".join(lines)
 
 
+def default_text(field: FieldInfo) -> str:
+  """A key's default as a user writes it in key=value (YAML): a list key's `[]` (its default_factory's value;
+  `field.default` printed PydanticUndefined), `unset` where None leaves the decision to MaxText's own keys
+  (offload), `required` where there is none."""
+  if field.is_required():
+    return "required"
+  value = field.get_default(call_default_factory=True)
+  return "unset" if value is None else _flow(getattr(value, "value", value))
+
+
 def show_keys() -> str:
   """The plugin's keys with their defaults and descriptions."""
-  lines = []
-  for name, f in PluginKeys.model_fields.items():
-    default = getattr(f.default, "value", f.default)
-    lines.append(f"{name} (default {default!r}): {f.description}")
-  return "\n".join(lines)
+  return "\n".join(
+    f"{name} (default {default_text(f)}): {f.description}" for name, f in PluginKeys.model_fields.items()
+  )

@@ -10,6 +10,7 @@ take plain values and call back into nothing of ours above them.
 """
 
 import difflib
+import logging
 import re
 import typing
 from collections.abc import Iterable
@@ -134,9 +135,22 @@ def _no_distributed_init(raw_keys: Any) -> None:
 _RESOLVING = [Patch(max_utils, "maybe_initialize_jax_distributed_system", _no_distributed_init)]
 
 
+class _UnknownKeyNotice(logging.Filter):
+  """Drops MaxText's WARNING for an unknown key (`pyconfig._prepare_for_pydantic` logs it, then raises the
+  error `one_line` turns into ours), so a user sees our one line alone; its other records pass."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Ignoring invalid/unsupported field")
+
+
+_PYCONFIG_LOG = logging.getLogger("maxtext.configs.pyconfig")  # its `logging.getLogger(__name__)`
+
+
 def initialize(argv: list[str], config_class: type, known: Iterable[str]) -> Any:
   """MaxText's resolution of `argv` into `config_class`, without its exit-on-error wrapper; errors become
   one-line UserErrors (a misspelt key matched against `known`)."""
+  notice = _UnknownKeyNotice()
+  _PYCONFIG_LOG.addFilter(notice)
   try:
     with installed(_RESOLVING):
       return pyconfig._initialize_pydantic(argv, config_class=config_class)  # pylint: disable=protected-access
@@ -146,6 +160,8 @@ def initialize(argv: list[str], config_class: type, known: Iterable[str]) -> Any
     raise UserError(f"MaxText refuses this config: {str(e).strip() or 'an assertion failed'}") from None
   except (pydantic.ValidationError, ValueError, TypeError, KeyError, omegaconf.errors.OmegaConfBaseException) as e:
     raise UserError(one_line(e, known)) from e
+  finally:
+    _PYCONFIG_LOG.removeFilter(notice)
 
 
 def hyperparameters(cfg: Any) -> Any:
