@@ -228,3 +228,27 @@ def test_flops_per_token_and_the_mfu_what_if_do_not_scale_with_gradient_accumula
   assert "23.08 GFLOP" in flops[0] and flops[1] == flops[0]
   # the what-if's step is 8 times longer at 8 steps, its tokens per GPU per second the same
   assert what_if[0].rsplit(", ", 1)[1] == what_if[1].rsplit(", ", 1)[1] == "17,139 tokens/s per GPU"
+
+
+def test_a_recipe_that_starts_from_a_checkpoint_is_never_offered_to_move_its_layer_axis():
+  """offload=optimizer_params (and all) set param_scan_axis=0, which a converted checkpoint's layer axis (1)
+  cannot be read at: the same layout that, from scratch, is fixed by offloading its parameters gets another
+  fix that runs when it loads weights, itself planned to fit; the search leaves the preset out likewise."""
+  from maxtext_moe.config import offload
+  from maxtext_moe.steptime.candidates import OFFLOADS, offloads
+
+  assert [p for p in offload.OffloadPreset if not offload.takes(p, loads_weights=True)] == ["optimizer_params", "all"]
+  assert offloads(loads_weights=False) == OFFLOADS and offloads(loads_weights=True) == ("none", "optimizer")
+  layout = ["offload=optimizer", "per_device_batch_size=8"]
+  scratch = memory_plan("h100x8/qwen3-30b-a3b", layout)
+  tuned = memory_plan("h100x8/qwen3-30b-a3b", [*layout, "load_parameters_path=gs://bucket/ckpt/items"])
+  assert not scratch.base.fits and scratch.fix_words() == "offload=optimizer_params"
+  assert not tuned.base.fits and tuned.fix_kind == "EP/FSDP split" and tuned.fix.fits
+  assert "optimizer_params" not in tuned.fix_words() and tuned.base.device_total == scratch.base.device_total
+
+
+def test_more_nodes_is_a_fix_planned_at_its_own_device_count():
+  plan = memory_plan("h100x8/mixtral-8x7b-sft", ["nodes=1", "load_parameters_path=gs://bucket/ckpt/items"])
+  assert not plan.base.fits and plan.fix_kind == "more nodes" and plan.fix_words() == "--nodes 2"
+  two = memory_plan("h100x8/mixtral-8x7b-sft", ["nodes=2", "load_parameters_path=gs://bucket/ckpt/items"])
+  assert two.base.fits and two.base.device_total == plan.fix.device_total
