@@ -145,7 +145,8 @@ def test_a_conversation_the_run_cannot_use_is_one_line(tmp_path):
     check({"messages": refused}, "t.parquet row 2")
   assert [str(empty.value), str(template.value)] == [
     "t.parquet row 1: 'messages' must be a non-empty list of {role, content} turns",
-    "t.parquet row 2: the chat template does not render this conversation (no forbidden words)",
+    "t.parquet row 2: the chat template does not render this conversation (no forbidden words); fix or remove the "
+    "row, or fix the template",
   ]
 
 

@@ -68,24 +68,32 @@ class TextRow:
 @dataclass(frozen=True)
 class ConversationRow:
   """An SFT row: its `column` passes `check(messages, where)` (`sft.conversations.check_messages`) and, when
-  given, the chat template (`template(messages)`, which raises whatever its Jinja raises)."""
+  given, the chat template (`template(messages)`, which raises whatever its Jinja raises). One object,
+  `sft.prepare.row_check`, checks a conversation at the start, in `data check` and as the run reads it."""
 
   column: str
   check: Callable[[Any, str], None]
   template: Callable[[list[dict]], Any] | None = None
 
   def __call__(self, row: dict, where: str) -> None:
-    messages = row.get(self.column)
+    self.rendered(row.get(self.column), where)
+
+  def rendered(self, messages: Any, where: str) -> Any:
+    """What `template` makes of `messages` (None without one), once they pass `check`; else UserError, the
+    one line such a conversation gets wherever it is found."""
     if isinstance(messages, np.ndarray):  # grain's Parquet reader gives a list column as an array
       messages = list(messages)
     self.check(messages, where)
     if self.template is None:
-      return
+      return None
     try:
-      self.template([{"role": t["role"], "content": t["content"]} for t in messages])
+      return self.template(messages)
     except Exception as e:  # pylint: disable=broad-except  # a template raises whatever its Jinja raises
       why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      raise UserError(f"{where}: the chat template does not render this conversation ({why})") from None
+      raise UserError(
+        f"{where}: the chat template does not render this conversation ({why}); fix or remove the row, or fix "
+        "the template"
+      ) from None
 
 
 def first_bad(path: str, column: str, check: RowCheck) -> str | None:

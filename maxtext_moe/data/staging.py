@@ -9,8 +9,9 @@ directory is written under a temporary name (with the host's name; what a killed
 is removed by the next) and renamed, so it is there complete or not at all: its existence is the marker.
 `stream` reads each JSONL file a line at a time and writes Parquet row groups of at most ROWS_PER_GROUP rows
 or GROUP_CHARS characters of text (pyarrow's ParquetWriter), so a file of any size stages in bounded
-memory; `stage` writes rows a caller already holds. `sources.json` in the staged
-directory names each part's JSONL file, so that a row found bad later is named by its own file and line.
+memory: pretraining text (`TEXT`) and SFT conversations (their `Shape`, `sft.conversations`) alike.
+`sources.json` in the staged directory names each part's JSONL file, so that a row found bad later is
+named by its own file and line.
 """
 
 import functools
@@ -22,6 +23,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,26 @@ SOURCES = "sources.json"
 ROWS_PER_GROUP = 10_000
 GROUP_CHARS = 64 * 2**20
 STAGE_WAIT_S = 7 * 24 * 3600.0  # the node's other processes wait for the one staging, however long it takes
+
+
+def _same(value: Any) -> Any:
+  return value
+
+
+@dataclass(frozen=True)
+class Shape:
+  """What a staged file's one column holds: its Arrow type, the value staged from a checked row's field,
+  the characters that value counts toward GROUP_CHARS, and how an error names the data (`what`) and what a
+  JSONL line needs (`each`, its `{column}` the column's name)."""
+
+  type: pa.DataType
+  value: Callable[[Any], Any]
+  chars: Callable[[Any], int]
+  what: str
+  each: str
+
+
+TEXT = Shape(pa.string(), _same, len, "text data", "a '{column}' string")  # pretraining text: the string as it is
 
 
 def _jsonl_rows(path: Path, column: str, what: str) -> Iterator[tuple[str, dict]]:
@@ -141,40 +163,42 @@ def _publish(out: Path, paths: list[Path], fill: Callable[[Path], None]) -> None
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_held(rows_of: list[list[Any]], write: Callable[[list[Any], Path], None], tmp: Path) -> None:
-  for i, file_rows in enumerate(rows_of):
-    write(file_rows, tmp / _part(i))
+def _write_group(writer: pq.ParquetWriter, column: str, values: list[Any], shape: Shape) -> None:
+  writer.write_table(pa.table({column: pa.array(values, type=shape.type)}))
 
 
-def stage(paths: list[Path], rows_of: list[list[Any]], *, kind: str, write: Callable[[list[Any], Path], None]) -> str:
-  """The JSONL files `paths` (their checked rows, one list per file) as one Parquet file each (`write(rows,
-  out)`), staged once per node; returns the glob pattern grain reads."""
-  return _once(paths, kind, functools.partial(_write_held, rows_of, write))
-
-
-def _write_streamed(path: Path, out: Path, column: str, check: Callable[[dict, str], None]) -> None:
+def _write_streamed(path: Path, out: Path, column: str, check: Callable[[dict, str], None], shape: Shape) -> None:
   """One JSONL file as Parquet, `check(row, where)` on each row, a row group at a time."""
-  schema = pa.schema([(column, pa.string())])
-  with pq.ParquetWriter(out, schema) as writer:
-    texts: list[str] = []
+  with pq.ParquetWriter(out, pa.schema([(column, shape.type)])) as writer:
+    held: list[Any] = []
     chars = 0
-    for where, row in rows(path, column, "text data", f"a '{column}' string"):
+    for where, row in rows(path, column, shape.what, shape.each.format(column=column)):
       check(row, where)
-      texts.append(row[column])
-      chars += len(row[column])
-      if len(texts) >= ROWS_PER_GROUP or chars >= GROUP_CHARS:
-        writer.write_table(pa.table({column: pa.array(texts, type=pa.string())}, schema=schema))
-        texts, chars = [], 0
-    if texts:
-      writer.write_table(pa.table({column: pa.array(texts, type=pa.string())}, schema=schema))
+      held.append(shape.value(row[column]))
+      chars += shape.chars(held[-1])
+      if len(held) >= ROWS_PER_GROUP or chars >= GROUP_CHARS:
+        _write_group(writer, column, held, shape)
+        held, chars = [], 0
+    if held:
+      _write_group(writer, column, held, shape)
 
 
-def _write_all_streamed(paths: list[Path], column: str, check: Callable[[dict, str], None], tmp: Path) -> None:
+def _write_all_streamed(
+  paths: list[Path], column: str, check: Callable[[dict, str], None], shape: Shape, tmp: Path
+) -> None:
   for i, path in enumerate(paths):
-    _write_streamed(path, tmp / _part(i), column, check)
+    _write_streamed(path, tmp / _part(i), column, check, shape)
 
 
-def stream(paths: list[Path], *, kind: str, column: str, check: Callable[[dict, str], None]) -> str:
-  """The JSONL files `paths` staged once per node as Parquet with one text `column`, streamed a row group
-  at a time, every row checked (`check(row, where)` raises UserError naming it); the glob grain reads."""
-  return _once(paths, kind, functools.partial(_write_all_streamed, paths, column, check))
+def stream(
+  paths: list[Path], *, kind: str, column: str, check: Callable[[dict, str], None], shape: Shape = TEXT
+) -> str:
+  """The JSONL files `paths` staged once per node as Parquet with one `column` (`shape`: text unless
+  given), streamed a row group at a time, every row checked (`check(row, where)` raises UserError naming
+  it); the glob grain reads."""
+  return _once(paths, kind, functools.partial(_write_all_streamed, paths, column, check, shape))
+
+
+def staged_rows(pattern: str) -> int:
+  """The rows of the staged files `pattern` (`stream`'s glob), from their footers."""
+  return sum(pq.ParquetFile(part).metadata.num_rows for part in sorted(Path(pattern).parent.glob("*.parquet")))

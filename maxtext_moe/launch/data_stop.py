@@ -5,22 +5,21 @@ or a pipeline that failed, as the run's last line with its exit code."""
 from pathlib import Path
 from typing import Any
 
-from maxtext_moe.data.rows import ConversationRow
 from maxtext_moe.errors import EXIT_DATAERR, RunEnded
 from maxtext_moe.upstream.maxtext.data_end import BAD_ROW, FAILED, RAN_OUT, DataEnd
 
 
 def for_run(cfg: Any) -> DataEnd:
-  """The run's row check: SFT conversations' (`sft.conversations` and the chat template) or pretraining
-  text's (`pretrain.text.row_check`); none for other data (synthetic, pre-tokenized, TFDS)."""
+  """The run's row check: SFT conversations' (`sft.prepare.row_check`: the checks of `sft.conversations`
+  and the chat template, as at the start and in `data check`) or pretraining text's
+  (`pretrain.text.row_check`); none for other data (synthetic, pre-tokenized, TFDS)."""
   from maxtext_moe.pretrain import text  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.sft import conversations  # pylint: disable=import-outside-toplevel
   from maxtext_moe.sft import prepare as sft  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.upstream.maxtext.sft_data import ChatTemplate  # pylint: disable=import-outside-toplevel
 
   if sft.applies(cfg):
     hf, _ = sft.checked_tokenizer(cfg)
-    return DataEnd(ConversationRow(conversations.COLUMN, conversations.check_messages, ChatTemplate(hf)), "messages")
+    check = sft.row_check(hf)
+    return DataEnd(check, check.column)
   if text.applies(cfg):
     check = text.row_check(cfg)
     return DataEnd(check, check.column)

@@ -5,9 +5,11 @@ the Hugging Face ecosystem uses): at most one system turn, first; at least one a
 assistant turns carry loss. Every row is checked before training, so a bad row is one line naming its file
 and line, not an assertion deep in a data-loader thread mid-run.
 
-MaxText's grain reader takes Parquet, TFRecord and ArrayRecord, not JSON: a JSONL file is written once as
-Parquet under the cache directory (keyed by the files' paths, sizes and modification times) and the run
-reads that.
+MaxText's grain reader takes Parquet, TFRecord and ArrayRecord, not JSON: JSONL files are written as Parquet
+under the cache directory (keyed by the files' paths, sizes and modification times) once per node, a row
+group at a time (`data.staging.stream`, each turn's role and content: `SHAPE`), and the run reads that.
+No task holds a split: the one that stages holds a row group, and each keeps the first conversations the
+launcher measures (`read_split`'s `keep`).
 """
 
 from collections.abc import Iterator
@@ -16,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from maxtext_moe.data import staging
 from maxtext_moe.data.staging import JSON_SUFFIXES
 from maxtext_moe.errors import UserError
+from maxtext_moe.upstream.maxtext import chat
 
 ROLES = ("system", "user", "assistant")
 COLUMN = "messages"
@@ -51,41 +53,55 @@ def check_messages(messages: Any, where: str) -> None:
     raise UserError(f"{where}: no assistant turn, so nothing to train on; every conversation needs one")
 
 
-def _write_parquet(conversations: list[list[dict]], out: Path) -> None:
-  turn = pa.struct([("role", pa.string()), ("content", pa.string())])
-  pq.write_table(pa.table({COLUMN: pa.array(conversations, type=pa.list_(turn))}), out)
+def _chars(turns: list[dict]) -> int:
+  return sum(len(turn["content"]) for turn in turns)
+
+
+def _checked(row: dict, where: str) -> None:
+  check_messages(row[COLUMN], where)
+
+
+TURN = pa.struct([("role", pa.string()), ("content", pa.string())])
+# A staged conversation: its turns' roles and contents, what the chat template is given (`chat.turns`).
+SHAPE = staging.Shape(pa.list_(TURN), chat.turns, _chars, "SFT data", "a list of role/content turns")
 
 
 def rows(path: Path) -> Iterator[tuple[str, dict]]:
   """(where, row) of a JSONL or Parquet file, each row with a `messages` field."""
-  return staging.rows(path, COLUMN, "SFT data", "a list of role/content turns")
+  return staging.rows(path, COLUMN, SHAPE.what, SHAPE.each)
 
 
-def stage(paths: list[Path], conversations: list[list[list[dict]]]) -> str:
-  """The JSONL files `paths` (their checked `conversations`) staged as Parquet (`data.staging.stage`)."""
-  return staging.stage(paths, conversations, kind="sft-staged", write=_write_parquet)
+def stage(paths: list[Path]) -> str:
+  """The JSONL files `paths` staged as Parquet once per node, streamed, every conversation checked
+  (`data.staging.stream`); the glob MaxText reads."""
+  return staging.stream(paths, kind="sft-staged", column=COLUMN, check=_checked, shape=SHAPE)
+
+
+def _first(split: Split, paths: list[Path], keep: int, *, to_end: bool) -> None:
+  """The first `keep` conversations of `paths` into `split`, each checked; with `to_end`, every row is
+  checked and counted."""
+  for path in paths:
+    for where, row in rows(path):
+      if len(split.conversations) >= keep and not to_end:
+        return
+      check_messages(row[COLUMN], where)
+      split.total += 1
+      if len(split.conversations) < keep:
+        split.conversations.append((where, chat.turns(row[COLUMN])))
 
 
 def read_split(name: str, files: list[str], *, keep: int) -> Split:
   """Checks every conversation of `files`, keeps the first `keep` (for the token checks), and gives the
-  pattern MaxText should read (JSONL staged as Parquet; the files are all JSONL or all Parquet)."""
+  pattern MaxText should read (the files are all JSONL, staged as Parquet, or all Parquet)."""
   split = Split(name)
   paths = [Path(f) for f in files]
   kinds = {p.suffix in JSON_SUFFIXES for p in paths}
   if len(kinds) > 1:
     raise UserError(f"the {name} files mix JSONL and Parquet ({', '.join(files[:4])}); use one format per split")
-  jsonl = kinds == {True}
-  staged = []
-  for path in paths:
-    whole = []
-    for where, row in rows(path):
-      check_messages(row[COLUMN], where)
-      turns = [{"role": t["role"], "content": t["content"]} for t in row[COLUMN]]
-      split.total += 1
-      if len(split.conversations) < keep:
-        split.conversations.append((where, turns))
-      if jsonl:
-        whole.append(turns)
-    staged.append(whole)
-  split.pattern = stage(paths, staged) if jsonl else None
+  if kinds != {True}:
+    _first(split, paths, keep, to_end=True)
+    return split
+  split.pattern = stage(paths)  # every row checked, once per node
+  _first(split, paths, keep, to_end=False)
+  split.total = staging.staged_rows(split.pattern)
   return split

@@ -12,6 +12,7 @@ targets by id, so they would carry no loss).
 import sys
 from typing import IO, Any
 
+from maxtext_moe.data.rows import ConversationRow
 from maxtext_moe.errors import UserError
 from maxtext_moe.sft import conversations
 
@@ -47,18 +48,19 @@ def checked_tokenizer(cfg: Any) -> tuple[Any, int]:
   return hf, pad_id
 
 
-def _measure(split: conversations.Split, hf: Any, pad_id: int, cfg: Any, note: Any) -> None:
-  from maxtext_moe.upstream.maxtext import sft_data as sft  # pylint: disable=import-outside-toplevel
+def row_check(hf: Any) -> ConversationRow:
+  """The check every conversation passes, one line where it fails, the same at the start (`prepare`), in
+  `data check` and as the run reads it (`launch.data_stop`): `conversations.check_messages`, then the chat
+  template renders it as the trainer does (`sft_data.render`)."""
+  from maxtext_moe.upstream.maxtext.sft_data import ChatTemplate  # pylint: disable=import-outside-toplevel
 
+  return ConversationRow(conversations.COLUMN, conversations.check_messages, ChatTemplate(hf))
+
+
+def _measure(split: conversations.Split, check: ConversationRow, pad_id: int, cfg: Any, note: Any) -> None:
   limit, long, longest, where_longest, pad_hits = int(cfg.max_target_length), 0, 0, "", 0
   for where, messages in split.conversations:
-    try:
-      chunks, is_prompt = sft.render(hf, messages)
-    except Exception as e:  # pylint: disable=broad-except  # a template raises whatever its Jinja raises
-      why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-      raise UserError(
-        f"{where}: the chat template does not render this conversation ({why}); fix the template"
-      ) from None
+    chunks, is_prompt = check.rendered(messages, where)
     n = sum(len(c) for c in chunks)
     long += n > limit
     if n > longest:
@@ -134,7 +136,7 @@ def prepare(cfg: Any, *, lead: bool = True, err: IO[str] | None = None) -> Any:
   train, held_out = read_splits(cfg)
   for split in (train, held_out):
     if split is not None:
-      _measure(split, hf, pad_id, cfg, note)
+      _measure(split, row_check(hf), pad_id, cfg, note)
   update: dict[str, Any] = {"grain_file_type": "parquet"}
   if train.pattern:
     update["grain_train_files"] = train.pattern
@@ -179,7 +181,7 @@ def show(cfg: Any, *, rows: int, out: IO[str]) -> None:
   require(cfg, "data show")
   hf, pad_id = checked_tokenizer(cfg)
   train, _ = read_splits(cfg)
-  _measure(train, hf, pad_id, cfg, _notes(True, None))
+  _measure(train, row_check(hf), pad_id, cfg, _notes(True, None))
   batch = next(sft.batches(hyperparameters(cfg), [{"messages": m} for _, m in train.conversations], ["messages"]))
   print(
     f"{cfg.grain_train_files}: {train.total:,} conversations; the first rows of the first batch as the model "

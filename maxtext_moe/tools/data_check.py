@@ -1,6 +1,7 @@
 """`maxtext-moe data check RECIPE [key=value ...]`: every row of the recipe's training files read once, in
 bounded memory (a row at a time: JSONL by line, Parquet by record batch), checked as the run checks it and
-tokenized as MaxText's pipeline tokenizes it, with a progress line on standard error every PROGRESS_S
+tokenized as the trainer tokenizes it (a document by MaxText's tokenizer; a conversation whole by its chat
+template, once for the check and the count), with a progress line on standard error every PROGRESS_S
 seconds. It prints the rows and tokens of one epoch, the sequences they fill and so the steps an epoch and
 `num_epoch` (or --epochs) epochs take at the job's global batch. The first bad row is one line (exit 2).
 
@@ -34,16 +35,18 @@ class Tally:
 
 @dataclass
 class TextCount:
-  """A pretraining row's tokens as MaxText's pipeline makes them: the whole document in chunks of
-  `length` (`TokenizeAndChunk`), or its first `length` tokens with use_truncation (`TokenizeAndTrim`)."""
+  """A pretraining row checked (`check`, the run's) and its tokens as MaxText's pipeline makes them: the
+  whole document in chunks of `length` (`TokenizeAndChunk`), or its first `length` tokens with
+  use_truncation (`TokenizeAndTrim`)."""
 
+  check: Any
   tokenizer: Any
-  column: str
   length: int
   truncate: bool
 
-  def __call__(self, row: dict) -> tuple[int, int]:
-    n = len(self.tokenizer.encode(row[self.column]))
+  def __call__(self, row: dict, where: str) -> tuple[int, int]:
+    self.check(row, where)
+    n = len(self.tokenizer.encode(row[self.check.column]))
     if self.truncate:
       return min(n, self.length), int(n > 0)
     return n, -(-n // self.length)
@@ -51,15 +54,15 @@ class TextCount:
 
 @dataclass
 class ConversationCount:
-  """An SFT row's tokens through MaxText's chat-template split, cut at `length` (one sequence each)."""
+  """An SFT row checked and rendered once, as the run checks it and the trainer renders it
+  (`sft.prepare.row_check`: the whole conversation through the chat template), its tokens cut at `length`
+  (one sequence each)."""
 
-  hf: Any
+  check: Any
   length: int
 
-  def __call__(self, row: dict) -> tuple[int, int]:
-    from maxtext_moe.upstream.maxtext import sft_data  # pylint: disable=import-outside-toplevel
-
-    chunks, _ = sft_data.render(self.hf, row["messages"])
+  def __call__(self, row: dict, where: str) -> tuple[int, int]:
+    chunks, _ = self.check.rendered(row.get(self.check.column), where)
     return min(sum(len(c) for c in chunks), self.length), 1
 
 
@@ -73,8 +76,9 @@ def _progress(tally: Tally, of: int, started: float, err: IO[str]) -> None:
   )
 
 
-def scan(paths: list[Path], column: str, check: Any, count: Any, err: IO[str] = sys.stderr) -> Tally:
-  """Every row of `paths`, checked (`check(row, where)`: UserError for the first bad one) and counted."""
+def scan(paths: list[Path], column: str, count: Any, err: IO[str] = sys.stderr) -> Tally:
+  """Every row of `paths`, checked and counted (`count(row, where)`: its tokens and sequences, or UserError
+  for the first bad one)."""
   from maxtext_moe.data import staging  # pylint: disable=import-outside-toplevel
 
   tally, started = Tally(), time.monotonic()
@@ -82,8 +86,7 @@ def scan(paths: list[Path], column: str, check: Any, count: Any, err: IO[str] = 
   for path in paths:
     tally.files += 1
     for where, row in staging.rows(path, column, "training data", f"a '{column}' field"):
-      check(row, where)
-      tokens, pieces = count(row)
+      tokens, pieces = count(row, where)
       tally.rows, tally.tokens, tally.pieces = tally.rows + 1, tally.tokens + tokens, tally.pieces + pieces
       if time.monotonic() - said >= PROGRESS_S:
         said = time.monotonic()
@@ -91,8 +94,8 @@ def scan(paths: list[Path], column: str, check: Any, count: Any, err: IO[str] = 
   return tally
 
 
-def _split(cfg: Any) -> tuple[list[Path], str, Any, Any]:
-  """(the training files, their column, the row check, the counter) of `cfg`'s data."""
+def _split(cfg: Any) -> tuple[list[Path], str, Any]:
+  """(the training files, their column, the row check and counter) of `cfg`'s data."""
   from maxtext_moe.pretrain import text  # pylint: disable=import-outside-toplevel
   from maxtext_moe.sft import prepare as sft  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import sft_data  # pylint: disable=import-outside-toplevel
@@ -100,13 +103,10 @@ def _split(cfg: Any) -> tuple[list[Path], str, Any, Any]:
 
   length = int(cfg.max_target_length)
   if sft.applies(cfg):
-    from maxtext_moe.data.rows import ConversationRow  # pylint: disable=import-outside-toplevel
-    from maxtext_moe.sft import conversations  # pylint: disable=import-outside-toplevel
-
     hf, _ = sft.checked_tokenizer(cfg)
-    paths = text.local_files(str(cfg.grain_train_files), "grain_train_files", conversations.COLUMN, text=False)
-    check = ConversationRow(conversations.COLUMN, conversations.check_messages, sft_data.ChatTemplate(hf))
-    return _local(paths, cfg), conversations.COLUMN, check, ConversationCount(hf, length)
+    check = sft.row_check(hf)
+    paths = text.local_files(str(cfg.grain_train_files), "grain_train_files", check.column, text=False)
+    return _local(paths, cfg), check.column, ConversationCount(check, length)
   if not text.applies(cfg):
     raise UserError(
       "data check reads text data: an *-sft recipe, or dataset_type=grain with one text column "
@@ -116,7 +116,7 @@ def _split(cfg: Any) -> tuple[list[Path], str, Any, Any]:
   check = text.row_check(cfg)
   paths = text.local_files(str(cfg.grain_train_files), "grain_train_files", check.column)
   tokenizer = sft_data.encoder(hyperparameters(cfg))
-  return _local(paths, cfg), check.column, check, TextCount(tokenizer, check.column, length, bool(cfg.use_truncation))
+  return _local(paths, cfg), check.column, TextCount(check, tokenizer, length, bool(cfg.use_truncation))
 
 
 def _local(paths: list[Path] | None, cfg: Any) -> list[Path]:
@@ -148,8 +148,8 @@ def report(cfg: Any, tally: Tally, *, devices: int, epochs: int) -> list[str]:
 
 def check(cfg: Any, *, devices: int, epochs: int | None, out: IO[str], err: IO[str] = sys.stderr) -> None:
   """`data check`: every training row of `cfg` read, checked and counted; the report on `out`."""
-  paths, column, row_check, count = _split(cfg)
-  tally = scan(paths, column, row_check, count, err)
+  paths, column, count = _split(cfg)
+  tally = scan(paths, column, count, err)
   if not tally.rows:
     raise UserError(f"grain_train_files={cfg.grain_train_files} holds no rows")
   for line in report(cfg, tally, devices=devices, epochs=int(cfg.num_epoch) if epochs is None else epochs):

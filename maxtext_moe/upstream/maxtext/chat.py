@@ -30,10 +30,19 @@ The tokens that carry loss are each assistant reply and the template's end of it
 """
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' test for `{% generation %}`
 PROBE = "maxtext-moe stand-in reply"
+
+
+def turns(messages: Iterable[dict]) -> list[dict]:
+  """The conversation the template is given: each turn's role and content, nothing else. JSONL is staged
+  with these alone (`sft.conversations`), so a Parquet row's other fields (`reasoning_content`,
+  `tool_calls`, ...) are dropped too: the same conversations render the same from either, and every check
+  renders what the trainer does."""
+  return [{"role": turn["role"], "content": turn["content"]} for turn in messages]
 
 
 def _text(hf: Any, messages: list[dict], *, prompt: bool = False) -> str:

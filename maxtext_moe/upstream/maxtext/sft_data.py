@@ -5,8 +5,9 @@ MaxText 0.2.5 renders a conversation round by round (`input_pipeline_utils.apply
 round decoded to text and encoded again with a BOS of its own; its SFT pipeline takes ours instead
 (`patches`: the row rendered whole by the tokenizer's chat template, `chat.render`, into token-id chunks
 that MaxText's `SFTPromptMasking`, packing and shift then take as before). The launcher's checks
-(`sft.prepare`), `maxtext-moe data show` and `eval` call the same functions, so what they measure and print
-is what the trainer feeds the model.
+(`sft.prepare`), the row check a run reads its data with (`ChatTemplate`), `maxtext-moe data check`,
+`data show` and `eval` call the same functions, so what they judge, measure and print is what the trainer
+feeds the model.
 """
 
 import functools
@@ -34,16 +35,17 @@ def tokenizer(cfg: Any) -> tuple[Any, int]:
 
 
 def render(hf: Any, messages: list[dict]) -> tuple[list[list[int]], list[bool]]:
-  """A conversation's chunks as the trainer gets them: token ids of each prompt and completion (the whole
-  conversation through the chat template, `chat.render`), and which are prompts. Raises whatever the chat
-  template raises, and ValueError where a reply cannot be found in it."""
-  return chat.runs(*chat.render(hf, messages))
+  """A conversation's chunks as the trainer gets them: token ids of each prompt and completion (its turns'
+  roles and contents, `chat.turns`, whole through the chat template, `chat.render`), and which are prompts.
+  Raises whatever the chat template raises, and ValueError where a reply cannot be found in it."""
+  return chat.runs(*chat.render(hf, chat.turns(messages)))
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
-  """A row check's chat template (`data.rows.ConversationRow`): `template(messages)` renders one
-  conversation as the trainer will (`render`), raising whatever its Jinja raises."""
+  """A row check's chat template (`data.rows.ConversationRow`, made by `sft.prepare.row_check`):
+  `template(messages)` renders one conversation as the trainer will (`render`), raising whatever its Jinja
+  raises."""
 
   hf: Any
 
