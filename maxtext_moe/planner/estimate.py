@@ -225,7 +225,7 @@ def estimate(
   one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1, in_block=our_block(cfg))
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
-  logits_phase, layer_logits = _logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_hardware(cfg.hardware))
+  logits_phase, layer_logits = _logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_config(cfg))
   layers = stages.outside_layer_counts(cfg, pipe)
   saved, saved_host = saved_activations.total(
     cfg, outside_tokens, d_b, outside.rows, recomputed=recomputed, layers=layers

@@ -178,7 +178,7 @@ class LayerPhase:
 def of(cfg: Any, one: layer_weights.LayerWeights, tokens: int, *, ep: int, dispatch: str) -> LayerPhase:
   """The backward of one layer at `tokens` per device (see the module docstring)."""
   d_b = dtype_bytes(cfg.dtype)
-  copies = xla_buffers.for_hardware(cfg.hardware)
+  copies = xla_buffers.for_config(cfg)
   rows, received = _moe_rows(cfg, tokens, ep, dispatch)
   te_ep = ours_with_te_ep(cfg, dispatch)
   return LayerPhase(

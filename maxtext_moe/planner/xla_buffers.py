@@ -8,7 +8,9 @@ XLA:CPU's. Shape names: T tokens per device, V vocab, D model dim, F expert hidd
 S received rows, P expert-parallel ranks, B x H x L x L attention scores, E_l experts per device.
 """
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -79,14 +81,16 @@ XLA_CPU = Copies(
 #   and 5 [R, F]; at the weight gradients 4 [R, D] and 9 [R, F] (gb300x1024, D much larger than F, peaks at
 #   the first; the 16B proxy and Qwen3 at the second); and the all_to_all's receive and return buffers (4
 #   [S, D]);
-# - one MoE layer's expert matrices: stored split over FSDP (gb200, gb300), 3 compute-dtype copies (gathered,
-#   transposed for the data gradient, the weight gradient cast for its bf16 reduce-scatter) and 1 float32
-#   (the weight gradient before it); stored whole (EP over all the devices), about 1 (4 matrices of the 3);
+# - one MoE layer's expert matrices as the block computes with them, gathered, once in the compute dtype
+#   (the block gathers them itself and reduce-scatters their gradients: h100x8/qwen3-235b-a22b holds its
+#   three gathered kernels, exactly one layer's; no float32 copy), and with the exchange in chunks their
+#   weight gradients' sums once more (the 671B's two chunks: 7 kernel-sized buffers where a layer is 3);
+#   stored whole (EP over all the devices), once;
 # - the other weights gathered for 2 layers of each kind (a MoE layer's attention, router and shared
 #   experts, a dense layer's attention and MLP: the pipelined all-gathers fetch the next layer's while this
 #   one runs; 3.1 GiB at gb300x1024 where this gives 3.0);
-# - 12 [T, D] residual-stream temporaries (the layer's norms, sums and their gradients: 13 on the 16B proxy
-#   and gb300x1024, 18 on gb200, 8 on Mixtral, 4 on Qwen3).
+# - [T, D] residual-stream temporaries (the layer's norms, sums and their gradients): 12 with MLA (the 671B
+#   recipes hold 13), 5 without (Qwen3 5, Mixtral 3).
 # With TE's NCCL EP (December 2026: the container's program compiled with TE, `.venv-te`), the receive
 # buffer is the grouped GEMM's input and XLA:GPU keeps more of the rows and fewer of the weights:
 # - the experts' forward recomputed (`remat_policy: full`): 9 [R, D] and 7 [R, F] at the peak (the dispatch
@@ -123,5 +127,18 @@ XLA_GPU = Copies(
 )
 
 
-def for_hardware(hardware: str) -> Copies:
-  return XLA_CPU if str(hardware) == "cpu" else XLA_GPU
+# XLA:GPU for Blackwell (sm_100 and up) fuses the main loss head's softmax cross entropy differently: its
+# float32 exponentials are kept as a [T, V] buffer beside the float32 logits-sized one (b200x8 and
+# gb200-nvl72's 671B programs hold 2 float32 [T, V] with the MTP head's, where the H200 ones hold 1).
+XLA_GPU_BLACKWELL = dataclasses.replace(XLA_GPU, loss_f32_logits=1)
+
+
+def for_config(cfg: Any) -> Copies:
+  """The counts of the compiler a config's program is built by: XLA:CPU, XLA:GPU for Hopper and before, or
+  for Blackwell (its recipe's GPU model)."""
+  from maxtext_moe.config import hardware  # pylint: disable=import-outside-toplevel
+
+  if str(cfg.hardware) == "cpu":
+    return XLA_CPU
+  gpu = hardware.gpu(getattr(cfg, "recipe_hardware", None))
+  return XLA_GPU_BLACKWELL if gpu is not None and gpu.compute_capability[0] >= 10 else XLA_GPU
