@@ -126,12 +126,16 @@ def test_671b_rack_fits_and_reports_every_component():
   # Adam state and parameters live on the Grace host between steps (offload: optimizer_params): 2 fp32
   # moments and the fp32 parameters of ~685B params over 64 GPUs. MaxText's train step brings the parameters
   # back to the device for the step, and the moments for the update, which can hold the whole state at once
-  # (the parameters, the gradients and both moments: XLA:GPU starts every leaf's copies together; the rack's
-  # program holds 10 of its 12 expert-kernel-sized buffers there at its budget, all 12 given more memory).
+  # (XLA:GPU starts every leaf's copies together), but XLA's scheduler keeps it within its memory target
+  # (0.95 x 0.8 x the memory, no arguments on the device) where one leaf in flight would: the rack's program
+  # holds 130.1 GiB, its target 128.9 (all 159 compiled with 300 GiB).
   e = result.base
   assert e.optimizer == 0 and e.params_from_host and e.params == e.grads  # float32 both
   assert 100 * 2**30 < e.host == e.host_state < 130 * 2**30 and e.host_state == 3 * e.params
-  assert e.update_phase == 4 * e.params == e.device_total > e.step_total
+  expert_matrix = 58 * (256 // 8) * (7168 // 8) * 2048 * 4  # one stacked expert matrix per GPU, float32
+  least, target = e.params + e.grads + 3 * expert_matrix, int(0.95 * 0.8 * e.hbm)
+  assert least < target < 4 * e.params and e.update_phase == target
+  assert e.device_total == max(e.step_total, e.update_phase)
   assert "optimizer update (its state from the host)" in table
   flops_per_token = result.base.tflops_per_step * 1e12 / result.base.tokens_per_step
   assert 200e9 < flops_per_token < 300e9  # ~6 x 37B active parameters + attention
@@ -161,7 +165,7 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
 
 @pytest.mark.parametrize(
   ("recipe", "nodes", "gib"),
-  [("h100x8/deepseek3-671b", 64, 57.8), ("h100x8/deepseek3-671b", 128, 57.8), ("h200x8/deepseek3-671b", 16, 100.1)],
+  [("h100x8/deepseek3-671b", 64, 59.1), ("h100x8/deepseek3-671b", 128, 59.1), ("h200x8/deepseek3-671b", 16, 105.4)],
 )
 def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, gib):
   """The HGX 671B recipes are a layout per group of nodes (32 H100, 16 H200) and data parallel across the

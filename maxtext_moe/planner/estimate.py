@@ -217,7 +217,7 @@ def estimate(
   sizes = mesh_sizes(cfg, num_devices)
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
   d_b, pipe = dtype_bytes(cfg.dtype), stages.Stages.of(cfg)
-  state = _state_fields(cfg, leaves, rules, sizes, pipe)
+  state = _state_fields(cfg, leaves, rules, sizes, pipe, hbm=None if hbm_gib is None else int(hbm_gib * GIB))
   tokens = batch_tokens(cfg, sizes, rules, num_devices)
   # Outside the pipeline (MaxText's `logical_axis_rules_pp_act_as_dp`, and the logits' batch rule) the
   # stage axis splits the batch like data.
@@ -263,13 +263,15 @@ def estimate(
   )
 
 
-def _state_fields(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> dict:
+def _state_fields(
+  cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None, hbm: int | None = None
+) -> dict:
   """The estimate's state terms: parameters, Adam state (on the device), gradients, the re-laid-out copy,
-  what the offload keys put on the host, and the update phase when the optimizer state is there. Offloaded
-  parameters stay in `params`: MaxText's step brings them to the device (see the module docstring)."""
+  what the offload keys put on the host, and the update phase when the optimizer state is there (`_update`).
+  Offloaded parameters stay in `params`: MaxText's step brings them to the device (module docstring)."""
   params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
   opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
-  update = params + grads + optimizer if opt_off else 0  # the whole train state at once (module docstring)
+  update = _update(cfg, leaves, rules, sizes, pipe, hbm=hbm) if opt_off else 0
   return {
     "params": params,
     "optimizer": optimizer * (not opt_off),
@@ -280,6 +282,33 @@ def _state_fields(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pi
     "update_phase": update,
     "params_from_host": params_off,
   }
+
+
+# XLA:GPU's scheduler keeps its overlap within a memory target: 95% (--xla_gpu_memory_limit_slop_factor) of
+# 80% of the device memory it compiles for, less the program's arguments (`GetSchedulerMemoryLimit` in
+# XLA's GPU scheduler).
+SCHEDULER_SLOP, SCHEDULER_SHARE = 0.95, 0.8
+
+
+def _update(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: Any, *, hbm: int | None) -> int:
+  """The optimizer update with its state from the host (module docstring): the whole train state at once,
+  as XLA:GPU starts every leaf's host copies together, unless its scheduler can keep the update within its
+  memory target (`SCHEDULER_SLOP`, `SCHEDULER_SHARE`; `hbm`: the usable memory) with fewer leaves in flight, down to one
+  (its moments, and its parameter when the parameters live on the host): then it holds the target.
+  gb200-nvl72/deepseek3-671b holds 130.1 GiB, its target 128.9, of 159.1 at once (all of it compiled with
+  300 GiB); the 671B on 32 H100 nodes, whose update cannot meet its 55.3 with one leaf (58.8), holds it
+  all (77.6, planned 79.7)."""
+  params, optimizer, grads, _ = _state_bytes(cfg, leaves, rules, sizes, pipe)
+  whole = params + grads + optimizer
+  if hbm is None:
+    return whole
+  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
+  mu_b, w_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype), dtype_bytes(cfg.weight_dtype)
+  from_host = bool(cfg.parameter_memory_host_offload)
+  least = params + grads + largest * (_opt_slots(cfg) * mu_b + w_b * from_host)
+  arguments = params * (not from_host)  # on the device between steps: the program's arguments
+  target = int(SCHEDULER_SLOP * (SCHEDULER_SHARE * hbm - arguments))
+  return whole if least > target else max(least, min(whole, target))
 
 
 def _pipeline_fields(pipe: stages.Stages, piped: stages.PipelineMemory, *, inside: bool) -> dict:

@@ -169,10 +169,15 @@ class LayerPhase:
   weights: int
   activations: int
   fp8: int
+  attention_saved: bool = False  # the policy keeps attention's q, k, v and output for its backward
 
   @property
   def total(self) -> int:
-    return self.moe_dispatch + self.attention + self.weights + self.activations + self.fp8
+    """The larger of the layer's two moments, each with the weights, temporaries and FP8 copies: the experts'
+    backward (their rows, and attention's q, k, v and output when the policy recomputes them: live until
+    attention's backward, which runs after the experts'), and attention's backward (its buffers)."""
+    at_experts = self.moe_dispatch + (0 if self.attention_saved else self.attention)
+    return max(at_experts, self.attention) + self.weights + self.activations + self.fp8
 
 
 def of(cfg: Any, one: layer_weights.LayerWeights, tokens: int, *, ep: int, dispatch: str) -> LayerPhase:
@@ -186,6 +191,7 @@ def of(cfg: Any, one: layer_weights.LayerWeights, tokens: int, *, ep: int, dispa
     rows=rows,
     moe_dispatch=_moe_dispatch_bytes(cfg, rows, received, d_b, copies, te_ep=te_ep),
     attention=_attention_bytes(cfg, tokens, d_b, copies),
+    attention_saved=saved_activations.attention_saved(cfg),
     weights=_layer_weights_bytes(one, d_b, copies, te_ep=te_ep, chunks=_chunks(cfg, ep, dispatch)),
     activations=_residual_copies(cfg, copies) * tokens * int(cfg.emb_dim) * d_b,
     fp8=_fp8_dense_bytes(cfg, one, tokens),

@@ -74,6 +74,16 @@ def per_layer(
   return device, host
 
 
+def attention_saved(cfg: Any) -> bool:
+  """Whether the remat policy keeps attention's projections and output for its backward (counted in the
+  saved activations), so that a layer's backward does not hold them again (Mixtral's and Qwen3's custom
+  recipes: their programs hold none at the experts' backward)."""
+  if value_of(cfg.remat_policy) != "custom":
+    return False
+  names = ("query_proj", "key_proj", "value_proj", "context")
+  return all(value_of(getattr(cfg, n, "remat")) in ("device", "offload") for n in names)
+
+
 def gated_pair_kept(cfg: Any) -> bool:
   """Whether the remat policy keeps the experts' gated pair (`moe_mlpwi_0/1`) on the device or the host."""
   kept = ("device", "offload")

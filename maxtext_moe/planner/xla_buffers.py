@@ -81,11 +81,12 @@ XLA_CPU = Copies(
 #   and 5 [R, F]; at the weight gradients 4 [R, D] and 9 [R, F] (gb300x1024, D much larger than F, peaks at
 #   the first; the 16B proxy and Qwen3 at the second); and the all_to_all's receive and return buffers (4
 #   [S, D]);
-# - one MoE layer's expert matrices as the block computes with them, gathered, once in the compute dtype
-#   (the block gathers them itself and reduce-scatters their gradients: h100x8/qwen3-235b-a22b holds its
-#   three gathered kernels, exactly one layer's; no float32 copy), and with the exchange in chunks their
-#   weight gradients' sums once more (the 671B's two chunks: 7 kernel-sized buffers where a layer is 3);
-#   stored whole (EP over all the devices), once;
+# - one MoE layer's expert matrices as the block computes with them, in the compute dtype: gathered, and
+#   transposed for the data-gradient GEMMs, 2 copies (the block gathers them itself and reduce-scatters their
+#   gradients, so no float32 copy): h200x8/deepseek3-671b-finetune holds 7 kernel-sized buffers where one
+#   layer's experts are 3, h200x8/deepseek3-671b 4, h100x8/qwen3-235b-a22b 3; with the exchange in chunks
+#   their weight gradients' sums once more (the 671B on H100, two chunks: 7); stored whole (EP over all the
+#   devices), once;
 # - the other weights gathered for 2 layers of each kind (a MoE layer's attention, router and shared
 #   experts, a dense layer's attention and MLP: the pipelined all-gathers fetch the next layer's while this
 #   one runs; 3.1 GiB at gb300x1024 where this gives 3.0);
@@ -115,7 +116,7 @@ XLA_GPU = Copies(
   received_narrow_by_d=4,
   layer_narrow_by_d=5,
   layer_narrow_by_d_mla=12,
-  experts_gathered=(1, 0),
+  experts_gathered=(2, 0),
   experts_local=1,
   experts_chunk_sums=1,
   layer_weight_copies=2,
