@@ -72,8 +72,8 @@ import math
 from typing import Any
 
 from maxtext_moe.moe.layout import mesh_sizes
-from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, xla_buffers
-from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed, our_block
+from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, update_phase, xla_buffers
+from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed, opt_slots, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, tensor_ways
 
 GIB = 2**30
@@ -146,11 +146,6 @@ class Estimate:
     return [f"  {name:<44}{n / GIB:>10,.1f}" for name, n in rows]
 
 
-def _opt_slots(cfg: Any) -> int:
-  """Adam's moments per parameter (0 for an optimizer without state)."""
-  return 2 if str(cfg.opt_type).lower().endswith(("adamw", "adam_pax")) else 0
-
-
 def _stored(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> list:
   """[(elements per device, scanned)] of each parameter leaf (`stages.stored_elements`)."""
   out = []
@@ -178,7 +173,7 @@ def _state_bytes(
   stored = _stored(cfg, leaves, rules, sizes, pipe)
   param_elems, scanned_elems = sum(n for n, _ in stored), sum(s for _, s in stored)
   scan_copy = scanned_elems * w_b if int(cfg.param_scan_axis) != 0 and cfg.scan_layers else 0
-  return param_elems * w_b, param_elems * mu_b * _opt_slots(cfg), param_elems * g_b, scan_copy
+  return param_elems * w_b, param_elems * mu_b * opt_slots(cfg), param_elems * g_b, scan_copy
 
 
 def batch_tokens(cfg: Any, sizes: dict[str, int], rules: list, num_devices: int) -> int:
@@ -271,7 +266,9 @@ def _state_fields(
   Offloaded parameters stay in `params`: MaxText's step brings them to the device (module docstring)."""
   params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
   opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
-  update = _update(cfg, leaves, rules, sizes, pipe, hbm=hbm) if opt_off else 0
+  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
+  whole = {"params": params, "grads": grads, "optimizer": optimizer, "largest": largest}
+  update = update_phase.of(cfg, **whole, hbm=hbm) if opt_off else 0
   return {
     "params": params,
     "optimizer": optimizer * (not opt_off),
@@ -282,33 +279,6 @@ def _state_fields(
     "update_phase": update,
     "params_from_host": params_off,
   }
-
-
-# XLA:GPU's scheduler keeps its overlap within a memory target: 95% (--xla_gpu_memory_limit_slop_factor) of
-# 80% of the device memory it compiles for, less the program's arguments (`GetSchedulerMemoryLimit` in
-# XLA's GPU scheduler).
-SCHEDULER_SLOP, SCHEDULER_SHARE = 0.95, 0.8
-
-
-def _update(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: Any, *, hbm: int | None) -> int:
-  """The optimizer update with its state from the host (module docstring): the whole train state at once,
-  as XLA:GPU starts every leaf's host copies together, unless its scheduler can keep the update within its
-  memory target (`SCHEDULER_SLOP`, `SCHEDULER_SHARE`; `hbm`: the usable memory) with fewer leaves in flight, down to one
-  (its moments, and its parameter when the parameters live on the host): then it holds the target.
-  gb200-nvl72/deepseek3-671b holds 130.1 GiB, its target 128.9, of 159.1 at once (all of it compiled with
-  300 GiB); the 671B on 32 H100 nodes, whose update cannot meet its 55.3 with one leaf (58.8), holds it
-  all (77.6, planned 79.7)."""
-  params, optimizer, grads, _ = _state_bytes(cfg, leaves, rules, sizes, pipe)
-  whole = params + grads + optimizer
-  if hbm is None:
-    return whole
-  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
-  mu_b, w_b = dtype_bytes(cfg.mu_dtype or cfg.weight_dtype), dtype_bytes(cfg.weight_dtype)
-  from_host = bool(cfg.parameter_memory_host_offload)
-  least = params + grads + largest * (_opt_slots(cfg) * mu_b + w_b * from_host)
-  arguments = params * (not from_host)  # on the device between steps: the program's arguments
-  target = int(SCHEDULER_SLOP * (SCHEDULER_SHARE * hbm - arguments))
-  return whole if least > target else max(least, min(whole, target))
 
 
 def _pipeline_fields(pipe: stages.Stages, piped: stages.PipelineMemory, *, inside: bool) -> dict:

@@ -29,6 +29,11 @@ def dtype_bytes(dtype: Any) -> int:
   return _DTYPE_BYTES[name]
 
 
+def opt_slots(cfg: Any) -> int:
+  """Adam's moments per parameter (0 for an optimizer without state)."""
+  return 2 if str(cfg.opt_type).lower().endswith(("adamw", "adam_pax")) else 0
+
+
 def _moe_rows(cfg: Any, tokens: int, ep: int, dispatch: str) -> tuple[int, int]:
   """(routed rows handed to the grouped GEMM, rows of the exchange's receive buffer) on one device
   (`moe.buffers.routed_rows`, `received_rows`); (0, 0) without experts."""
