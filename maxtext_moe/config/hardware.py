@@ -137,18 +137,27 @@ def gpu(hardware: "Hardware | str") -> GpuModel | None:
   return GPUS.get(str(hardware))
 
 
-def target_config(model: GpuModel, *, memory_bytes: int | None = None) -> str:
+# XLA:GPU's scheduler (and its rematerialization) works to the module's device memory where one is set, and
+# to 80% of the target description's otherwise (`GetSchedulerMemoryLimit`, gpu_hlo_schedule.cc). On a GPU
+# JAX sets the module's to its allocator's limit; a compile-only device has no allocator, so XLA takes the
+# description's share.
+DESCRIPTION_SHARE = 0.8
+
+
+def target_config(model: GpuModel, *, schedules_for: int | None = None) -> str:
   """XLA:GPU's GpuTargetConfigProto for `model`, in text form: what a compile for that GPU needs when no
-  such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`). Its device
-  memory is `memory_bytes` when given: on a GPU, JAX compiles with the device memory its allocator may use
-  (XLA_PYTHON_CLIENT_MEM_FRACTION of it), and XLA:GPU's scheduler spends memory on overlap up to a share of
-  that (docs/design-facts.md)."""
+  such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`). `schedules_for`:
+  the device memory XLA:GPU's scheduler is to work to, as on a GPU, where JAX compiles with its allocator's
+  limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the memory) and the scheduler spends memory on overlap up to 95%
+  of it less the program's arguments (docs/design-facts.md): the description's memory is that over
+  `DESCRIPTION_SHARE`. Without it, the GPU's own memory."""
   major, minor = model.compute_capability
+  memory = model.hbm_bytes if schedules_for is None else int(schedules_for / DESCRIPTION_SHARE)
   info = {
     "core_count": model.sm_count,
     "memory_bandwidth": int(model.hbm_bandwidth),
     "l2_cache_size": model.l2_bytes,
-    "device_memory_size": model.hbm_bytes if memory_bytes is None else memory_bytes,
+    "device_memory_size": memory,
     **SM_LIMITS,
     **model.limits,
   }

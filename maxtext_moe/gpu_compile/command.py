@@ -176,7 +176,7 @@ def compile_recipe(
   usable = compile_report.usable_bytes(target.gpu, recipe)
   schedule_for = int(memory_gib * 2**30) if memory_gib else usable
   devices = upstream_compile.gpu_topology(
-    hardware.target_config(target.gpu, memory_bytes=schedule_for), partitions=1,
+    hardware.target_config(target.gpu, schedules_for=schedule_for), partitions=1,
     hosts_per_partition=target.devices, devices_per_host=1,
   )  # fmt: skip
   mesh = upstream_compile.topology_mesh(cfg, devices, devices_per_partition=target.per_partition)

@@ -19,24 +19,19 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                projections and output, the MLP's gated inputs, the experts' GEMM outputs); on the host when
                offloaded
   update       with the optimizer state on the host, MaxText's train step moves it to the device for the
-               update (`train_step`, optimizer_memory_host_offload), and the update of each leaf is one
-               fusion of its gradient, parameter and two moments whose outputs take their inputs' place.
-               Nothing orders the leaves' updates after one another, and XLA:GPU starts every leaf's
-               host-to-device copies together: the update can hold the whole train state at once, the
-               parameters (brought back from the host too when they live there), the gradients and both
-               moments. The 671B on 32 H100 nodes with both offloaded holds exactly that, 4 copies of its
-               three expert kernels (79.5 GiB live; compiled for 50 GiB of memory, the same), Mixtral on 2
-               nodes 97% of it; Qwen3's programs hold 75-85% of it where it is not their peak. The step's
-               peak is the larger of this and the rest
+               update, one fusion per leaf whose outputs take its inputs' place; XLA:GPU starts every
+               leaf's host copies together, so the update holds the whole train state unless its
+               scheduler's memory target can be met with one leaf in flight (`update_phase.py`). The
+               step's peak is the larger of this and the rest
   peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
                (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
                           logits-sized buffers
                  layer    the backward of one MoE layer while some logits-sized buffers are still live:
-                            MoE: R routed rows x D and x F at the experts' largest moment, S received
-                              rows x D
-                            + attention: B x H x L x L scores (and masks) for dot-product attention; for
-                              flash, 4 x T x H x (qk + v head dims)
+                            the larger of the experts' moment (R routed rows x D and x F at their largest,
+                              S received rows x D, attention's q/k/v/output where the policy recomputes
+                              them) and attention's (B x H x L x L scores and masks for dot-product
+                              attention; for flash, 4 x T x H x (qk + v head dims))
                             + one layer's weights as computed with (`layer_weights`: gathered over FSDP,
                               each device's experts): the experts' matrices with their weight gradients,
                               the other weights of a MoE and a dense layer
@@ -57,10 +52,12 @@ what was read in MaxText's code for each):
   saved        outside the pipeline, per layer at T / S tokens (the stage axis splits their batch); the
                pipeline's scan keeps per iteration what the policy keeps of its stage's layers at a
                microbatch's T / M tokens, plus the stage input (T / M x D) under any policy but custom: x I
+  weights      the stage's weights re-laid out once (weight dtype) and one iteration's for a repeat (its
+               float32 gradient, the compute-dtype weights and gradient shards: `stages.iteration_bytes`)
   peak         the loss phase at T / S; the layer phase the larger of a layer's backward outside the
                pipeline (T / S) and a pipelined layer's (T / M) with the loop's buffers: state_io (M / S
                microbatches), shift, prev_outputs (delay 2), circ_storage (M microbatches) and its mover,
-               each T / M x D, one copy each (not yet measured against a compiled program)
+               each T / M x D, one copy each
 
 `maxtext-moe bench plan` checks the whole estimate against XLA:CPU's compiled `memory_analysis()`, and
 `bench plan --gpu` against XLA:GPU's for every GPU model we ship. XLA:GPU's scheduler spends memory it
