@@ -126,15 +126,12 @@ def test_671b_rack_fits_and_reports_every_component():
   # Adam state and parameters live on the Grace host between steps (offload: optimizer_params): 2 fp32
   # moments and the fp32 parameters of ~685B params over 64 GPUs. MaxText's train step brings the parameters
   # back to the device for the step, and the moments for the update, which can hold the whole state at once
-  # (XLA:GPU starts every leaf's copies together) unless XLA's scheduler must keep it within its memory
-  # target (0.95 x the memory, no arguments on the device) and one leaf in flight would: the rack's target
-  # (161.1 GiB) holds the whole state, 159.1, and its program compiles to 158.9.
+  # (XLA:GPU starts every leaf's copies together): the whole state, 159.1 GiB, which the rack's program
+  # holds (158.9 compiled).
   e = result.base
   assert e.optimizer == 0 and e.params_from_host and e.params == e.grads  # float32 both
   assert 100 * 2**30 < e.host == e.host_state < 130 * 2**30 and e.host_state == 3 * e.params
-  expert_matrix = 58 * (256 // 8) * (7168 // 8) * 2048 * 4  # one stacked expert matrix per GPU, float32
-  least, target = e.params + e.grads + 3 * expert_matrix, int(0.95 * e.hbm)
-  assert least < 4 * e.params < target and e.update_phase == 4 * e.params
+  assert e.update_phase == 4 * e.params  # float32 parameters, gradients and both moments
   assert e.device_total == max(e.step_total, e.update_phase)
   assert "optimizer update (its state from the host)" in table
   flops_per_token = result.base.tflops_per_step * 1e12 / result.base.tokens_per_step

@@ -20,9 +20,8 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
                offloaded
   update       with the optimizer state on the host, MaxText's train step moves it to the device for the
                update, one fusion per leaf whose outputs take its inputs' place; XLA:GPU starts every
-               leaf's host copies together, so the update holds the whole train state unless its
-               scheduler's memory target can be met with one leaf in flight (`update_phase.py`). The
-               step's peak is the larger of this and the rest
+               leaf's host copies together, so the update holds the whole train state
+               (`update_phase.py`). The step's peak is the larger of this and the rest
   peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
                (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
@@ -209,7 +208,7 @@ def estimate(
   sizes = mesh_sizes(cfg, num_devices)
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in cfg.logical_axis_rules]
   d_b, pipe = dtype_bytes(cfg.dtype), stages.Stages.of(cfg)
-  state = _state_fields(cfg, leaves, rules, sizes, pipe, hbm=None if hbm_gib is None else int(hbm_gib * GIB))
+  state = _state_fields(cfg, leaves, rules, sizes, pipe)
   tokens = batch_tokens(cfg, sizes, rules, num_devices)
   # Outside the pipeline (MaxText's `logical_axis_rules_pp_act_as_dp`, and the logits' batch rule) the
   # stage axis splits the batch like data.
@@ -255,17 +254,13 @@ def estimate(
   )
 
 
-def _state_fields(
-  cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None, hbm: int | None = None
-) -> dict:
+def _state_fields(cfg: Any, leaves: list, rules: list, sizes: dict[str, int], pipe: stages.Stages | None) -> dict:
   """The estimate's state terms: parameters, Adam state (on the device), gradients, the re-laid-out copy,
   what the offload keys put on the host, and the update phase when the optimizer state is there (`_update`).
   Offloaded parameters stay in `params`: MaxText's step brings them to the device (module docstring)."""
   params, optimizer, grads, scan_copy = _state_bytes(cfg, leaves, rules, sizes, pipe)
   opt_off, params_off = bool(cfg.optimizer_memory_host_offload), bool(cfg.parameter_memory_host_offload)
-  largest = max((n for n, _ in _stored(cfg, leaves, rules, sizes, pipe)), default=0)
-  whole = {"params": params, "grads": grads, "optimizer": optimizer, "largest": largest}
-  update = update_phase.of(cfg, **whole, hbm=hbm) if opt_off else 0
+  update = update_phase.of(params=params, grads=grads, optimizer=optimizer) if opt_off else 0
   return {
     "params": params,
     "optimizer": optimizer * (not opt_off),
