@@ -19,7 +19,12 @@ def _within(row: dict) -> None:
   assert abs(row["rel_error"]) <= held_out.TOLERANCE, (
     f"{row['case']}: planned {row['planned_gib']} GiB, compiled {row['compiled_gib']} ({row['rel_error']:+.1%})"
   )
-  assert row["fits"] == row["planner_fits"] or abs(row["compiled_gib"] - row["usable_gib"]) < 0.05 * row["usable_gib"]
+  # The verdict: XLA's at the GPU's memory against the planner's, but where either is within 5% of the edge.
+  edge = 0.05 * row["usable_gib"]
+  assert (
+    row["fits"] == row["planner_fits"]
+    or min(abs(row[k] - row["usable_gib"]) for k in ("full_gib", "planned_gib")) < edge
+  )
 
 
 @pytest.mark.parametrize("case", held_out.shipped(), ids=lambda c: c.name)

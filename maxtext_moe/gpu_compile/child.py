@@ -50,7 +50,7 @@ def compile_in_child(recipe: str, overrides: list[str], *, python: str | None = 
     raise
   seconds = time.monotonic() - start
   lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-  if proc.returncode == 0 and lines:
+  if proc.returncode in (0, 1) and lines:  # 1: compiled, and does not fit
     return ChildCompile(json.loads(lines[-1]), None, seconds)
   said = [ln for ln in err.splitlines() if ln.strip()]
   last = said[-1] if said else f"the compile ended with exit code {proc.returncode} and said nothing"
