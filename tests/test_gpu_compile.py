@@ -280,11 +280,14 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   at its worst case), through the real command as a user runs it. Its program has the expert axis's
   all-to-all and the weights' gathers over it, no host sync but the bounded rounds' loop test per MoE
   layer, forward and backward, the scanned layers' offloaded activations written to host memory and read back, Mosaic
-  GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted) config."""
+  GPU grouped GEMMs, and memory within 10% of the planner's for the same (substituted) config, compiled for
+  the planner's figure (`--memory planned`: given an H200's 129.7 GiB, XLA's scheduler spends what the step
+  does not need on overlap)."""
   args = ["compile", "h200x8/deepseek3-proxy-16b", "override_model_config=true", "base_num_decoder_layers=5"]
   args += ["ici_expert_parallelism=8", "ici_fsdp_parallelism=1"]  # the layout this test was written for
   args += ["first_num_dense_layers=1", "offload=activations", "moe_buffers=bounded"]
-  args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--json", "--hlo", str(tmp_path)]
+  args += ["mtp_num_layers=0", "per_device_batch_size=2", "max_target_length=1024", "--memory", "planned"]
+  args += ["--json", "--hlo", str(tmp_path)]
   report = compile_report(args, cwd=tmp_path)
   assert report["platform"] == "cuda" and report["gpu"] == "h200" and report["devices"] == 8
   assert report["layout"] == {"expert": 8}
@@ -313,7 +316,8 @@ def test_a_tensor_parallel_layout_is_planned_within_10_percent(tmp_path):
   """Tensor parallelism 2 beside EP 2 x FSDP 2 on 8 H100s (Qwen3-30B-A3B, its recipe's batch and offload):
   MaxText splits every activation over `tensor` and our block the tokens, and gathers the experts' weights
   over it (planner/shards.py). The planner said +59.9% before it knew (100.9 GiB against 63.1)."""
-  args = ["compile", "h100x8/qwen3-30b-a3b", "ici_tensor_parallelism=2", "ici_fsdp_parallelism=2", "--json"]
+  args = ["compile", "h100x8/qwen3-30b-a3b", "ici_tensor_parallelism=2", "ici_fsdp_parallelism=2"]
+  args += ["--memory", "planned", "--json"]
   report = compile_report(args, cwd=tmp_path)
   assert report["layout"] == {"fsdp": 2, "tensor": 2, "expert": 2}, report["layout"]
   assert abs(report["rel_error"]) <= 0.10, (report["device_bytes"], report["planner_device_bytes"])
@@ -504,8 +508,9 @@ def test_the_rack_with_its_state_on_the_host_is_planned_within_10_percent(tmp_pa
   parameter back to the device and, for the update, each stacked leaf's Adam state. Held: the host
   figures equal, the device within 10%, and it fits."""
   report = compile_report(
-    ["compile", "gb200-nvl72/deepseek3-671b", "--json"], cwd=tmp_path, python=TE_PYTHON, timeout=None
-  )
+    ["compile", "gb200-nvl72/deepseek3-671b", "--memory", "planned", "--json"], cwd=tmp_path, python=TE_PYTHON,
+    timeout=None,
+  )  # fmt: skip
   assert report["devices"] == 64 and report["fits"], report["device_bytes"]
   assert abs(report["host_bytes"] - report["planner_host_bytes"]) < 2**20
   assert abs(report["rel_error"]) <= 0.10, (report["device_bytes"], report["planner_device_bytes"])

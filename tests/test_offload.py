@@ -149,10 +149,9 @@ def test_state_on_the_host_stays_there_in_the_compiled_gpu_program(tmp_path):
   args = ["compile", "h100x8/deepseek3-proxy-16b", "--nodes", "2", "override_model_config=true"]
   args += ["base_num_decoder_layers=4", "first_num_dense_layers=1", "mtp_num_layers=0", "per_device_batch_size=1"]
   args += ["max_target_length=1024", "dcn_fsdp_parallelism=-1", "dcn_data_parallelism=1", "remat_policy=full"]
-  args += ["offload=optimizer_params", "--json"]
-  plan = run_cli(["plan", *args[1:]], cwd=tmp_path)
-  needs = json.loads(plan.stdout)["estimate"]["device_total"]
-  report = compile_report([*args, "--memory", f"{needs / 2**30:.3f}", "--hlo", str(tmp_path)], cwd=tmp_path)
+  args += ["offload=optimizer_params", "--memory", "planned", "--json", "--hlo", str(tmp_path)]
+  report = compile_report(args, cwd=tmp_path)
+  assert report["scheduled_for_bytes"] == report["planner_device_bytes"]
   assert report["devices"] == 16 and report["layout"] == {"fsdp": 8, "expert": 2}, report["layout"]
   state, mem = report["planner"]["host_state_bytes"], report["memory"]
   # The host arguments are the planner's state but Adam's step counters (a few int32 scalars).

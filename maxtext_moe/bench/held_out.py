@@ -76,7 +76,7 @@ def measure(case: Case) -> dict[str, Any]:
     return {"case": case.name, "error": done.error, "compile_s": round(done.seconds)}
   r = done.report
   planned = r["planner_device_bytes"]
-  need = compile_in_child(case.recipe, [*case.overrides, "--memory", f"{planned / GIB:.3f}"])
+  need = compile_in_child(case.recipe, [*case.overrides, "--memory", "planned"])
   if need.report is None:
     return {"case": case.name, "error": need.error, "compile_s": round(done.seconds + need.seconds)}
   compiled = need.report["device_bytes"]

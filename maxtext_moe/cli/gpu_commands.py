@@ -22,12 +22,23 @@ def _compile(ns: argparse.Namespace, out: IO[str]) -> int:
   if not ns.verbose:  # XLA's and tokamax's notes about autotuning that cannot happen without a GPU
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     logging.getLogger("absl").setLevel(logging.ERROR)
-  if ns.memory is not None and not 0 < ns.memory < 10_000:
-    raise UserError(f"--memory {ns.memory:g}: give the GiB of device memory to schedule for, above 0")
   hlo_dir = Path(ns.hlo) if ns.hlo else None
-  report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=hlo_dir, memory_gib=ns.memory)
+  report = gpu_compile.compile_recipe(recipe, overrides, hlo_dir=hlo_dir, memory_gib=_memory(ns.memory))
   print(json.dumps(report) if ns.json else format_report(report), file=out)
   return 0 if report["fits"] else 1
+
+
+def _memory(given: str | None) -> float | str | None:
+  """--memory: GiB above 0, or `planned` (the planner's figure for the same config)."""
+  if given is None or given == "planned":
+    return given
+  try:
+    gib = float(given)
+  except ValueError:
+    gib = -1.0
+  if not 0 < gib < 10_000:
+    raise UserError(f"--memory {given}: give the GiB of device memory to schedule for (above 0), or 'planned'")
+  return gib
 
 
 def _check_hlo_dir(hlo: str | None) -> None:
@@ -63,10 +74,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
   p.add_argument("--hlo", metavar="DIR", help="also write the optimized HLO and the JSON report to DIR")
   p.add_argument(
     "--memory",
-    type=float,
     metavar="GIB",
     help="the device memory XLA:GPU schedules the step for (default: the usable HBM, as on the GPUs). XLA's "
-    "scheduler fills what it is given (it starts host copies of offloaded state early); a smaller figure "
-    "shows whether the step fits in it, e.g. the planner's estimate",
+    "scheduler spends what it is given beyond the step's need on overlap (collectives and host copies "
+    "started early); a smaller figure shows whether the step fits in it. 'planned': the planner's figure "
+    "for the same config, what the planner is held to",
   )
   p.set_defaults(func=_compile)

@@ -147,11 +147,12 @@ def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[s
 
 
 def compile_recipe(
-  name: str | None, overrides: list[str], *, hlo_dir: Path | None = None, memory_gib: float | None = None
+  name: str | None, overrides: list[str], *, hlo_dir: Path | None = None, memory_gib: float | str | None = None
 ) -> dict[str, Any]:
   """Compiles the recipe's train step for its GPUs; returns the report (`format_report` prints it).
   `memory_gib`: the device memory XLA schedules for (default the usable HBM: JAX hands XLA its allocator's
-  limit, and XLA's latency-hiding scheduler fills it, host copies of offloaded state started early)."""
+  limit, and XLA's latency-hiding scheduler fills it, host copies of offloaded state started early), or
+  "planned": the planner's figure for the same config."""
   from maxtext_moe.gpu_compile import report as compile_report  # pylint: disable=import-outside-toplevel
   from maxtext_moe.gpu_compile.peak import peak_live_set  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream import resolution  # pylint: disable=import-outside-toplevel
@@ -174,7 +175,10 @@ def compile_recipe(
   planned = compile_report.planner_figures(name, [*overrides, *extra], target=target)
   # The device memory XLA compiles for is the allocator's share of it, as JAX passes it on a GPU.
   usable = compile_report.usable_bytes(target.gpu, recipe)
-  schedule_for = int(memory_gib * 2**30) if memory_gib else usable
+  if memory_gib == "planned":
+    schedule_for = planned["device_bytes"]
+  else:
+    schedule_for = int(memory_gib * 2**30) if memory_gib else usable
   devices = upstream_compile.gpu_topology(
     hardware.target_config(target.gpu, schedules_for=schedule_for), partitions=1,
     hosts_per_partition=target.devices, devices_per_host=1,
