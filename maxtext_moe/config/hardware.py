@@ -148,9 +148,10 @@ def target_config(model: GpuModel, *, schedules_for: int | None = None) -> str:
   """XLA:GPU's GpuTargetConfigProto for `model`, in text form: what a compile for that GPU needs when no
   such GPU is attached (`jax.experimental.topologies.get_topology_desc(target_config=...)`). `schedules_for`:
   the device memory XLA:GPU's scheduler is to work to, as on a GPU, where JAX compiles with its allocator's
-  limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the memory) and the scheduler spends memory on overlap up to 95%
-  of it less the program's arguments (docs/design-facts.md): the description's memory is that over
-  `DESCRIPTION_SHARE`. Without it, the GPU's own memory."""
+  limit (XLA_PYTHON_CLIENT_MEM_FRACTION of the memory) and the scheduler spends memory on overlap up to the
+  slop factor (--xla_gpu_memory_limit_slop_factor) of it less the program's arguments
+  (docs/design-facts.md): the description's memory is that over `DESCRIPTION_SHARE`. Without it, the GPU's
+  own memory."""
   major, minor = model.compute_capability
   memory = model.hbm_bytes if schedules_for is None else int(schedules_for / DESCRIPTION_SHARE)
   info = {

@@ -112,7 +112,7 @@ def _gib(n: float) -> str:
 
 def _spare_memory_note(r: dict[str, Any]) -> list[str]:
   """A line where the program took more than the planner says it needs, with memory to spare: XLA:GPU's
-  scheduler spends memory up to its target (0.95 x (memory - arguments)) on overlap."""
+  scheduler spends memory up to its target (slop x (memory - arguments)) on overlap."""
   planned, scheduled = r["planner_device_bytes"], r.get("scheduled_for_bytes", r["usable_hbm_bytes"])
   if not r["fits"] or r["rel_error"] >= -0.10 or planned >= scheduled:
     return []

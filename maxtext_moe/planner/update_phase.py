@@ -7,7 +7,7 @@ def of(*, params: int, grads: int, optimizer: int) -> int:
   """The optimizer update's bytes: the whole train state at once (`params`, `grads`, the `optimizer` state).
   Each leaf's update is one fusion whose outputs take its inputs' place and nothing orders the leaves after
   one another, so XLA:GPU starts every leaf's host copies together. Its scheduler may hold fewer in flight
-  when its memory target (0.95 x (memory - arguments), `GetSchedulerMemoryLimit`) is below the whole state,
+  when its memory target (slop x (memory - arguments), `GetSchedulerMemoryLimit`) is below the whole state,
   but need not, and the planner does not count on it: the 671B on 32 H100 nodes (EP 8 x 2 nodes, FSDP 8,
   data 2, batch 2, both offloaded) holds all 12 of its float32 expert stacks, 77.6 GiB live, against a
   target of 69.1 that one leaf in flight would meet (57 GiB); gb200-nvl72/deepseek3-671b, whose target
