@@ -197,3 +197,21 @@ def test_the_offload_floors_the_search_prunes_with_never_exceed_the_estimates():
     assert fitting._offloaded_fits(at_limits(doubled), fitting._doubled(real), level), offload
     for lower in range(level):
       assert fitting._offloaded_fits(at_limits(real), planned(candidates.OFFLOADS[lower], 1), level), (lower, level)
+
+
+def test_a_layout_at_the_memorys_edge_ranks_after_those_with_room():
+  """The 671B on 32 H100 nodes: the search's fastest layouts were planned at 71.9 and 70.8 GiB of 72.8 and
+  compile to 73.5 and 74.7 (XLA:GPU packs a step that needs nearly all the memory 2-5% above its live
+  bytes); the one planned at 59.1 compiles to 64.8 and fits. Within 5% of the usable memory a layout comes
+  after the rest, faster or not; without a memory to judge by, speed alone ranks."""
+  from types import SimpleNamespace
+
+  from maxtext_moe.steptime.fitting import Found
+
+  def found(gib: float, tokens: float) -> Found:
+    return Found(SimpleNamespace(), gib, 512, SimpleNamespace(tokens_per_s_per_gpu=tokens))
+
+  edge, room, edge_slower = found(71.9, 1365.0), found(59.1, 1306.0), found(70.8, 1132.0)
+  assert search.ranked([edge, edge_slower, room], 72.78) == [room, edge, edge_slower]
+  assert search.ranked([room, edge_slower, edge]) == [edge, room, edge_slower]
+  assert search.at_edge(edge, 72.78) and not search.at_edge(room, 72.78) and not search.at_edge(edge, None)

@@ -58,7 +58,8 @@ def run(ns: argparse.Namespace, out: IO[str]) -> int:
     text = search_text(found[0], compiled=chosen.row()) if chosen else search_text(found[0])
     _write_recipe(Path(ns.write), text)
     result["written"] = str(Path(ns.write).resolve())
-  emit(search.table(found, top=top, title=title, verified=verified), result, as_json=ns.json, out=out, width=200)
+  shown = search.table(found, top=top, title=title, verified=verified, hbm_gib=ctx.hbm_gib)
+  emit(shown, result, as_json=ns.json, out=out, width=200)
   if ns.write and not ns.json:
     what = "the first that compiles to fit" if verified else "the first"
     print(f"wrote {what} as a recipe: {ns.write} (maxtext-moe compile {ns.write} checks it)", file=out)
