@@ -17,7 +17,7 @@ from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.layout import mesh_sizes
 from maxtext_moe.planner import divisibility
-from maxtext_moe.planner.estimate import GIB, Estimate
+from maxtext_moe.planner.estimate import EDGE, GIB, Estimate
 from maxtext_moe.planner.planning import Planning, estimate_of, planning, resolved
 
 
@@ -98,7 +98,11 @@ class MemoryPlan:
     if e.hbm is None:
       lines.append("  verdict: no device memory limit on this hardware (pass --gpu-mem GiB to check one)")
     elif e.fits:
-      lines.append(f"  verdict: FITS ({_gib(e.hbm - e.device_total)} GiB to spare on device)")
+      edge = e.device_total > (1 - EDGE) * e.hbm
+      lines.append(
+        f"  verdict: FITS ({_gib(e.hbm - e.device_total)} GiB to spare on device"
+        + (f"; within {EDGE:.0%} of it XLA's buffer packing decides: maxtext-moe compile checks it)" if edge else ")")
+      )
     else:
       where = "device" if e.device_total > (e.hbm or 0) else "host"
       lines.append(f"  verdict: DOES NOT FIT ({where} memory)")

@@ -26,6 +26,7 @@ import yaml
 from maxtext_moe.config import checkpointing, hardware
 from maxtext_moe.config.recipes import configs_dir, list_recipes, recipe_path
 from maxtext_moe.errors import UserError
+from maxtext_moe.planner.estimate import EDGE
 from maxtext_moe.steptime import fitting
 from maxtext_moe.steptime.candidates import BATCHES, OFFLOADS, TENSOR, Layout, keys_of, layouts
 from maxtext_moe.steptime.fitting import Found
@@ -188,15 +189,8 @@ def search(base: Base, *, tensor: bool = False, network_gbs: float | None = None
   return ranked(found, ctx.hbm_gib), tried, ctx
 
 
-# A layout planned within this share of the usable memory is at its edge: where a step needs nearly all of
-# it, XLA:GPU's buffer assignment packs its buffers 2-5% above the bytes live at once (the 671B on 32 H100
-# nodes: layouts planned at 71.9 and 70.8 GiB of 72.8 compile to 73.5 and 74.7), so the compile, not the
-# planner, can say whether it fits (`plan --verify`).
-EDGE = 0.05
-
-
 def at_edge(f: Found, hbm_gib: float | None) -> bool:
-  """Whether `f` is planned within EDGE of the usable memory."""
+  """Whether `f` is planned within EDGE of the usable memory (`estimate.EDGE`)."""
   return hbm_gib is not None and f.device_gib > (1 - EDGE) * hbm_gib
 
 
