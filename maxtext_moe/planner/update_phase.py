@@ -9,8 +9,7 @@ def of(*, params: int, grads: int, optimizer: int) -> int:
   one another, so XLA:GPU starts every leaf's host copies together. Its scheduler may hold fewer in flight
   when its memory target (slop x (memory - arguments), `GetSchedulerMemoryLimit`) is below the whole state,
   but need not, and the planner does not count on it: the 671B on 32 H100 nodes (EP 8 x 2 nodes, FSDP 8,
-  data 2, batch 2, both offloaded) holds all 12 of its float32 expert stacks, 77.6 GiB live, against a
-  target of 69.1 that one leaf in flight would meet (57 GiB); gb200-nvl72/deepseek3-671b, whose target
-  (161.1) is above its state (159.1), holds it all (158.9 compiled), and held 130.1 only when compiled for
-  80% of its memory (target 128.9)."""
+  data 2, batch 2, both offloaded) holds all 12 of its float32 expert stacks, 77.9 GiB compiled, against
+  targets of 61.9 (our profiles' slop, 85%) and 69.1 (XLA's default, 95%) that one leaf in flight would
+  meet; gb200-nvl72/deepseek3-671b staggers them, 143.1 GiB of its 159.1 (docs/planner.md)."""
   return params + grads + optimizer
