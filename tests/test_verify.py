@@ -82,10 +82,14 @@ def test_verify_compiles_the_file_it_writes_and_says_so(tmp_path):
   text = out.read_text()
   assert f"Compiled by XLA:GPU (plan --verify): {row['compiled_gib']:.1f} GiB per GPU of" in text
   keys = yaml.safe_load(text)
-  first = result["layouts"][0]
-  assert {k: keys[k] for k in (o.split("=", 1)[0] for o in first["overrides"])} == {
-    k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in first["overrides"])
-  }
+  first = dict(o.split("=", 1) for o in result["layouts"][0]["overrides"])
+  # The layout's keys, but the cross-node data axis, written -1 so that --nodes scales the file further.
+  assert keys.pop("dcn_data_parallelism") == -1 and first.pop("dcn_data_parallelism") == "1"
+  assert {k: keys[k] for k in first} == {k: yaml.safe_load(v) for k, v in first.items()}
+
+
+def _sigint_default() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.ci
@@ -95,8 +99,9 @@ def test_an_interrupted_verify_writes_nothing_and_leaves_no_compile_running(tmp_
   args = ["plan", "deepseek3-tiny", "--gpu", "h100", "--nodes", "1", "--search", "--verify", "1", "--write", str(out)]
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   proc = subprocess.Popen(
-    [sys.executable, "-m", "maxtext_moe", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
-  )
+    [sys.executable, "-m", "maxtext_moe", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+    preexec_fn=_sigint_default,  # a runner in the background ignores SIGINT, and its children would too
+  )  # fmt: skip
   line, deadline = "", time.monotonic() + 900
   while "compiling layout 1" not in line and time.monotonic() < deadline:
     line = proc.stderr.readline()
