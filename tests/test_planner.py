@@ -127,7 +127,7 @@ def test_671b_rack_fits_and_reports_every_component():
   # moments and the fp32 parameters of ~685B params over 64 GPUs. MaxText's train step brings the parameters
   # back to the device for the step, and the moments for the update, which can hold the whole state at once
   # (XLA:GPU starts every leaf's copies together): the whole state, 159.1 GiB, which the rack's program
-  # holds (158.9 compiled).
+  # holds at XLA's default slop (158.9 compiled) and staggers at our profiles' (144.4: docs/planner.md).
   e = result.base
   assert e.optimizer == 0 and e.params_from_host and e.params == e.grads  # float32 both
   assert 100 * 2**30 < e.host == e.host_state < 130 * 2**30 and e.host_state == 3 * e.params
