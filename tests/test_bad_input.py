@@ -291,6 +291,8 @@ CASES = [
   ("compile_hlo_is_a_file", ["compile", H200, "--hlo", "{tmp}/plainfile"], "plainfile is a file, not a directory"),
   ("compile_hlo_under_a_file", ["compile", H200, "--hlo", "{tmp}/plainfile/hlo"], "plainfile is a file, so"),
   ("compile_hlo_unwritable", ["compile", H200, "--hlo", "/proc/hlo"], "--hlo /proc/hlo: /proc is not writable"),
+  ("compile_memory_not_a_number", ["compile", H200, "--memory", "lots"], "--memory lots: give the GiB of device"),
+  ("compile_memory_zero", ["compile", H200, "--memory", "0"], "--memory 0: give the GiB of device memory"),
   ("bench_te_here", ["bench", "moe", "--backends", "te"], "bench moe --backends te needs Transformer Engine on a GPU"),
   (
     "k8s_wrong_nodes",
