@@ -215,3 +215,12 @@ def test_a_layout_at_the_memorys_edge_ranks_after_those_with_room():
   assert search.ranked([edge, edge_slower, room], 72.78) == [room, edge, edge_slower]
   assert search.ranked([room, edge_slower, edge]) == [edge, room, edge_slower]
   assert search.at_edge(edge, 72.78) and not search.at_edge(room, 72.78) and not search.at_edge(edge, None)
+
+
+def test_plans_verdict_says_when_a_step_is_at_the_memorys_edge():
+  from types import SimpleNamespace
+
+  from maxtext_moe.planner.memory_plan import _edge
+
+  assert "XLA's buffer packing decides" in _edge(SimpleNamespace(device_total=71.9, hbm=72.78))
+  assert _edge(SimpleNamespace(device_total=59.1, hbm=72.78)) == ""

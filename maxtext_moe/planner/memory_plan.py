@@ -98,11 +98,7 @@ class MemoryPlan:
     if e.hbm is None:
       lines.append("  verdict: no device memory limit on this hardware (pass --gpu-mem GiB to check one)")
     elif e.fits:
-      edge = e.device_total > (1 - EDGE) * e.hbm
-      lines.append(
-        f"  verdict: FITS ({_gib(e.hbm - e.device_total)} GiB to spare on device"
-        + (f"; within {EDGE:.0%} of it XLA's buffer packing decides: maxtext-moe compile checks it)" if edge else ")")
-      )
+      lines.append(f"  verdict: FITS ({_gib(e.hbm - e.device_total)} GiB to spare on device{_edge(e)})")
     else:
       where = "device" if e.device_total > (e.hbm or 0) else "host"
       lines.append(f"  verdict: DOES NOT FIT ({where} memory)")
@@ -224,3 +220,10 @@ def memory_plan(
     recipe, Hardware(cfg.recipe_hardware), ctx.num_devices, max(int(cfg.nodes), 1), batch,
     int(cfg.max_target_length), dispatch, layout, mfu, base, fix, fix_kind, tried,
   )  # fmt: skip
+
+
+def _edge(e: Estimate) -> str:
+  """The verdict's note for a step planned within EDGE of the usable memory (`estimate.EDGE`)."""
+  if e.device_total <= (1 - EDGE) * e.hbm:
+    return ""
+  return f"; within {EDGE:.0%} of it XLA's buffer packing decides: maxtext-moe compile checks it"
