@@ -131,7 +131,7 @@ def test_all_presets_at_once_train_to_the_same_losses(tmp_path):
   assert losses["all"] == pytest.approx(losses["none"], rel=1e-5, abs=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.ci  # an XLA:GPU compile of about a minute: the suite keeps one (tests/test_gpu_compile.py)
 @pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
 def test_state_on_the_host_stays_there_in_the_compiled_gpu_program(tmp_path):
   """`compile` with the optimizer and parameters offloaded (a 4-layer proxy on 2 H100 nodes, FSDP across
