@@ -132,6 +132,7 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   )
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_a_checkpoint_read_at_the_other_scan_axis_is_one_line_before_anything_is_written(tmp_path: Path):
   """offload=optimizer_params sets param_scan_axis=0; the converter writes the layer axis at 1: MaxText's load
   would fail with a traceback listing every tensor, after the run directory was made."""

@@ -128,6 +128,7 @@ def test_a_conversion_and_an_export_have_the_modes_the_umask_gives(tmp_path, uma
   assert {"model-00001-of-00001.safetensors", "tokenizer.json"} <= set(_modes(tmp_path / "hf"))
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_from_scratch_run_exports_without_model_and_with_its_sentencepiece_tokenizer(tmp_path):
   """A run of the CPU default (MaxText's llama2 sentencepiece tokenizer) exports with --ckpt alone: the
   model from the run's recorded config (the same tensors and config as with --model), the tokenizer

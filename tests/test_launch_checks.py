@@ -150,6 +150,7 @@ def test_plan_time_says_which_throughput_is_the_prediction(capfd):
   assert line.split("below, ")[1].split(" tokens/s")[0] == predicted.split()[0], (line, predicted)
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 @pytest.mark.slow
 def test_search_write_replaces_a_file_only_with_force(tmp_path):
   out = tmp_path / "tiny.yml"

@@ -190,6 +190,7 @@ def test_cross_node_chunks_give_the_same_outputs_and_gradients():
     np.testing.assert_allclose(a, b, **TOL)
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_cross_node_rounds_under_the_stages_vmap_match_each_stage_alone():
   """Under MaxText's pipeline stages (`vmap(spmd_axis_name="stage")`) the two levels' grouped all-to-alls
   run mapped (JAX batches no all_to_all with groups; `collectives` maps them itself): each stage's

@@ -191,6 +191,7 @@ def test_imbalance_stretches_the_expert_gemms_and_the_exchange():
   assert skewed.step_s - even.step_s == pytest.approx(0.5 * (grouped + dict(even.exposed)["ep"]))
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_the_sixteen_published_points_and_their_order():
   from maxtext_moe.steptime.points import POINTS, published
 
