@@ -197,6 +197,10 @@ def test_the_sixteen_published_points_and_their_order():
 
   rows = published()
   assert len(rows) == len(POINTS) == 16
+  # the ratios plan --time prints the spread of are the model's own (scripts/published_ratios.py rewrites them)
+  from maxtext_moe.steptime import spread
+
+  assert spread.stored() == spread.of(rows), "run scripts/published_ratios.py"
   by = {r["point"].split()[0]: r for r in rows}
   for r in rows:
     assert r["ratio"] == pytest.approx(r["predicted"] / r["published"], rel=1e-2) and r["source"]
@@ -289,3 +293,49 @@ def test_a_load_file_of_another_shape_is_one_line(tmp_path):
   (tmp_path / "moe_load.jsonl").write_text('{"step": 1, "loads": []}\n')
   with pytest.raises(Exception, match="is not a maxtext-moe load file"):
     imbalance.from_run(tmp_path, 2, 16)
+
+
+def test_plan_time_prints_the_spread_of_the_published_ratios_and_the_range_to_plan_on():
+  """The lines under `plan --time`: every stored ratio's range and median, then the same GPU generation's,
+  and the figure divided by that generation's highest and lowest ratio."""
+  import statistics
+
+  from maxtext_moe.steptime import spread
+
+  rows = spread.stored()
+  hopper = [r["ratio"] for r in rows if r["arch"] == "hopper"]
+  every = [r["ratio"] for r in rows]
+  assert len(rows) == 16 and len(hopper) == 5 and {r["arch"] for r in rows} == {"hopper", "blackwell"}
+  out = spread.lines(1000.0, "hopper")
+  assert out == [
+    f"  published runs: the model read {min(every):.2f}-{max(every):.2f}x what 16 of them measured (median "
+    f"{statistics.median(every):.2f}; bench timemodel)",
+    f"  on Hopper (H100, H200, GH200): {min(hopper):.2f}-{max(hopper):.2f}x over 5 runs (median "
+    f"{statistics.median(hopper):.2f}): plan on {1000 / max(hopper):,.0f}-{1000 / min(hopper):,.0f} tokens/s per "
+    "GPU, this figure over those ratios",
+  ]
+
+
+def test_custom_remat_counts_the_dense_layers_mlp_and_never_the_down_projection():
+  """`remat_policy: custom`: a dense MLP's down projection is never run again (its output is no residual of
+  the backward), and mlpwi_0/1 set to remat rerun in DeepSeek's dense layers (18,432 wide) as well as in the
+  MoE layers' shared expert."""
+  from types import SimpleNamespace
+
+  from maxtext_moe.steptime.counts import recompute_tflops
+
+  cfg = SimpleNamespace(
+    remat_policy="custom", emb_dim=7168, num_query_heads=128, moe_mlp_dim=2048, shared_experts=1,
+    attention_type="mla", qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536,
+    kv_lora_rank=512, num_experts_per_tok=8, max_target_length=4096, mlp_dim=18432,
+  )  # fmt: skip
+  tokens, layers, moe_layers = 1000, 61, 58
+
+  def dense(**keys):
+    return recompute_tflops(SimpleNamespace(**vars(cfg), **keys), tokens, layers, moe_layers)[0]["dense"]
+
+  assert dense(mlpwo="remat") == 0.0
+  shared = 2 * 2048 * 7168 * tokens * moe_layers / 1e12  # one gated projection of the shared expert
+  dense_layers = 2 * 18432 * 7168 * tokens * 3 / 1e12
+  assert dense(mlpwi_0="remat") == pytest.approx(shared + dense_layers)
+  assert dense(mlpwi_0="remat", mlpwi_1="remat", mlpwo="remat") == pytest.approx(2 * (shared + dense_layers))

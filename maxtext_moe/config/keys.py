@@ -146,6 +146,12 @@ class PluginKeys(BaseModel):
     "chunk's dispatch and combine run beside another's expert GEMMs (XLA's latency-hiding scheduler). 0: "
     "auto, 2 where expert parallelism spans nodes, else 1.",
   )
+  moe_fp8_gather: bool = Field(
+    True,
+    description="With moe_gemm_quantization=fp8: gather the FSDP-split expert weights as the e4m3 codes and "
+    "per-expert scales TE's FP8 grouped GEMM would make of them (half the bytes of a bf16 gather, the GEMM's "
+    "inputs unchanged); false gathers bf16. No effect otherwise.",
+  )
   moe_allow_drops: bool = Field(
     False,
     description="With moe_capacity_factor > 0: let assignments past the capacity be dropped (counted in "

@@ -17,6 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from maxtext_moe.moe import fp8_gather, gemm_cost
 from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import Dispatcher, Routing
 from maxtext_moe.moe.gemm import grouped_matmul
@@ -30,15 +31,18 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
   """The one grouped-GEMM call site, its output tagged with MaxText's remat name unless the dispatch
-  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds)."""
-  out = grouped_matmul(
-    rows_RD,
-    w_EDF,
-    group_sizes_E,
-    backend=settings.gemm,
-    window_sizes_L=settings.window_sizes,
-    quantization=settings.quantization,
-  )
+  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds), and its kernels (forward
+  and backward) with their time on the recipe's GPU for XLA:GPU's scheduler (`gemm_cost`)."""
+  (m, k), n = rows_RD.shape, w_EDF.shape[-1]
+  with gemm_cost.priced(settings.gemm_cost_gpu, str(settings.quantization), m, k, n):
+    out = grouped_matmul(
+      rows_RD,
+      w_EDF,
+      group_sizes_E,
+      backend=settings.gemm,
+      window_sizes_L=settings.window_sizes,
+      quantization=settings.quantization,
+    )
   if rules.outputs_recomputed(settings.dispatch, settings.buffers, nodes=settings.ep_nodes):
     return out
   return checkpoint_name(out, name)
@@ -148,7 +152,8 @@ def moe_block(
   stored = tuple(_on_mesh(s, mesh, vmapped_axes) for s in stored)
 
   def per_device(x, ids, w, *expert_weights):
-    whole = tuple(_gathered(wt, s, keep=expert_axis) for wt, s in zip(expert_weights, stored, strict=True))
+    fp8 = spec.settings.fp8_gather
+    whole = tuple(_gathered(wt, s, keep=expert_axis, fp8=fp8) for wt, s in zip(expert_weights, stored, strict=True))
     y, stats = dispatcher.run(x, Routing(ids, w), experts.with_weights(whole))
     load = expert_load(ids, num_experts=num_experts)
     load = jax.lax.psum(load, token_axes) if token_axes else load
@@ -172,12 +177,18 @@ def _on_mesh(spec: P, mesh: Mesh, vmapped: tuple[str, ...]) -> P:
   return P(*(k if len(k) > 1 else k[0] if k else None for k in kept))
 
 
-def _gathered(w: jax.Array, spec: P, *, keep: str | None) -> jax.Array:
+def _gathered(w: jax.Array, spec: P, *, keep: str | None, fp8: bool = False) -> jax.Array:
   """One device's whole expert weight from its stored shard (`spec`, inside shard_map): every split gathered
   but `keep`'s (the expert axis) on the experts' dimension. The transpose of each all-gather is a
-  reduce-scatter, so the weight's gradient leaves the block split as it is stored."""
+  reduce-scatter, so the weight's gradient leaves the block split as it is stored. `fp8`: moved as TE's
+  e4m3 codes and scales (`fp8_gather`), for TE's FP8 grouped GEMM."""
+  gathers = []
   for dim, entry in enumerate(spec):
     axes = tuple(a for a in _axes(entry) if not (dim == 0 and a == keep))
     if axes:
-      w = jax.lax.all_gather(w, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
+      gathers.append((dim, axes))
+  if fp8 and gathers:
+    return fp8_gather.gathered(w, tuple(gathers))
+  for dim, axes in gathers:
+    w = jax.lax.all_gather(w, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
   return w

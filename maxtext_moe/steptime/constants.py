@@ -93,15 +93,20 @@ CONSTANTS: dict[str, Constant] = {
 }
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
-# chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM",
-# December 2026), not fitted to any time. Two chunks: the lower of the two layouts compiled (4 chunks gave
-# 30% at EP 64, measured at one layout only: counted as two).
+# chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM"),
+# not fitted to any time. Two and four chunks: compiled as a GPU schedules them (the scheduler given the
+# allocator's limit, `hardware.target_config(schedules_for=)`), December 2026; one chunk: an earlier compile
+# whose scheduler had 80% of the memory (it gave two chunks 11% where the GPU's schedule gives 29%), the
+# lower figure kept until it is compiled again.
 EXCHANGE_BESIDE = {
   1: Constant(2.08 / 290.0, "compile h100x8/deepseek3-671b at EP 8 x 8 nodes, 1 chunk: 2.08 of 290.0 GiB per step"),
   2: Constant(
-    48.8 / 451.2,
-    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 2 chunks: 48.8 of 451.2 GiB per step (at EP 8 x 8 "
-    "nodes, batch 1: 67.6 of 290.0)",
+    132.45 / 451.23,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 2 chunks: 132.45 of 451.23 GiB per step",
+  ),
+  4: Constant(
+    159.31 / 451.23,
+    "compile h100x8/deepseek3-671b moe_exchange_chunks=4: 159.31 of 451.23 GiB per step",
   ),
 }
 HOST_LINK_GBS = {  # one direction, per GPU

@@ -91,11 +91,16 @@ def recompute_tflops(cfg: Any, tokens: int, layers: int, moe_layers: int) -> tup
   if policy != "custom":
     return {}, f"remat_policy {policy}: recompute not modelled (counted as none)"
   per_token = _per_token_forward_flops(cfg)
-  names = [n for n in _REMAT_NAMES if value_of(getattr(cfg, n, "device")) == "remat"]
+  # A dense MLP's down projection (`mlpwo`) is never kept: its output feeds only the residual add, whose
+  # backward reads nothing of it, so MaxText's backward never runs it again whatever its key says.
+  names = [n for n in _REMAT_NAMES if n != "mlpwo" and value_of(getattr(cfg, n, "device")) == "remat"]
   out = {"dense": 0.0, "grouped": 0.0, "attention": 0.0}
+  dense_layers = layers - moe_layers
   for n in names:
     cls = "grouped" if n.startswith("moe_") else "attention" if n == "context" else "dense"
     out[cls] += per_token.get(n, 0) * tokens * (moe_layers if n.startswith(("moe_", "mlp")) else layers) / 1e12
+    if n in ("mlpwi_0", "mlpwi_1") and dense_layers:  # the same names in the dense layers' wider MLP
+      out[cls] += 2 * int(cfg.emb_dim) * int(cfg.mlp_dim) * tokens * dense_layers / 1e12
   return out, "remat_policy custom: recomputes " + (", ".join(names) or "nothing")
 
 

@@ -5,7 +5,8 @@ with pipeline stages `stage` for the weights outside the pipeline).
 Every parameter leaf is gathered before its use in the forward and again in the backward, over the mesh
 axes that shard it except the experts' axis on its expert dimension and the tensor axes (which our MoE
 block gathers from its expert weights too, `planner/shards.stays_split`), and its gradient
-reduce-scattered over the same group, both in the compute dtype (as XLA:GPU's compiled programs do). With
+reduce-scattered over the same group, both in the compute dtype (as XLA:GPU's compiled programs do); our
+block's expert weights are gathered as FP8 codes under moe_gemm_quantization=fp8 (`moe.fp8_gather`). With
 pipeline stages (`planner/stages.py`) a pipelined layer's weights are gathered per iteration and layer of
 the stage, bubble included: MaxText hands each iteration its stage's weights still split over FSDP
 (`NNXPipeline.get_current_stage_weights`), and the layer gathers them as without stages; their gradients
@@ -50,18 +51,26 @@ def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages
   # float32 weights, bfloat16 all-gathers), and reduce-scatters their gradients in it too.
   w_b = min(dtype_bytes(cfg.weight_dtype), dtype_bytes(cfg.dtype))
   in_block = our_block(cfg)
+  fp8 = in_block and fp8_gathered(cfg)
   out = []
   for path, shape, names in leaves:
     if path[0] != "params":
       continue
     total = math.prod(shape) * w_b
+    wire = 1.0 / w_b if fp8 and "exp" in names else 1.0  # our block's expert weights gathered as e4m3 codes
     if pipe is not None and pipe.stack in names:
-      out += _pipelined_rows(total / pipe.stack_layers, names, rules, sides, pipe, in_block)
+      out += [(*r, wire) for r in _pipelined_rows(total / pipe.stack_layers, names, rules, sides, pipe, in_block)]
       continue
     kept, gathered, domains = _split(names, rules, sides, in_block=in_block)
     launches = shape[names.index("layers")] if "layers" in names else 1
-    out.append((total / kept, gathered, domains, launches, total / kept / gathered, True))
+    out.append((total / kept, gathered, domains, launches, total / kept / gathered, True, wire))
   return out
+
+
+def fp8_gathered(cfg: Any) -> bool:
+  """Whether our block gathers its expert weights as FP8 codes (`moe.fp8_gather`: moe_fp8_gather with
+  moe_gemm_quantization=fp8)."""
+  return bool(getattr(cfg, "moe_fp8_gather", False)) and str(getattr(cfg, "moe_gemm_quantization", "none")) == "fp8"
 
 
 def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages, in_block: bool) -> list[tuple]:
@@ -84,15 +93,16 @@ def transfers(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages | 
   """The weights' gathers (forward and backward) and their gradients' reductions, per group."""
   splits = param_splits(cfg, leaves, rules, sides, pipe)
   by_group: dict[tuple[int, int], list[float]] = {}
-  for gathered, group, domains, launches, *_ in splits:
+  for gathered, group, domains, launches, *_, wire in splits:
     if group > 1:
-      row = by_group.setdefault((group, domains), [0.0, 0.0])
+      row = by_group.setdefault((group, domains), [0.0, 0.0, 0.0])
       row[0] += gathered
       row[1] += launches
+      row[2] += gathered * wire  # on the wire: FP8-gathered expert weights at 1 byte a value
   out = []
-  for (group, domains), (nbytes, n) in sorted(by_group.items()):
+  for (group, domains), (nbytes, n, moved) in sorted(by_group.items()):
     where = f"x{group}" + (f" over {domains} NVLink domains" if domains > 1 else "")
-    out.append(Transfer(f"FSDP weight all-gathers {where}", "all-gather", 2 * nbytes, group, domains, True, 2 * n))
+    out.append(Transfer(f"FSDP weight all-gathers {where}", "all-gather", 2 * moved, group, domains, True, 2 * n))
     out.append(Transfer(f"gradient reduce-scatters {where}", "reduce-scatter", nbytes, group, domains, True, n))
   data_ici, data_dcn = sides.get("data", (1, 1))
   if data_ici * data_dcn > 1:  # every gradient shard a GPU holds, the experts' (never gathered) included

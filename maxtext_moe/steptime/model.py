@@ -252,7 +252,7 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
 
 
 def format_prediction(p: Prediction) -> str:
-  """The table `plan --time` prints."""
+  """The table `plan --time` prints, the model's spread over the published runs under it (`spread.py`)."""
   w = p.workload
   lines = [
     f"step-time model: {w.label} on {p.gpu.product}",
@@ -267,6 +267,9 @@ def format_prediction(p: Prediction) -> str:
     "  largest exposed costs: " + ("; ".join(f"{k} {v:.3f} s" for k, v in p.exposed[:3]) or "none"),
   ]
   lines += [f"  {part}: {src}" for part, src in w.sources.items()]
+  from maxtext_moe.steptime import gemm, spread  # pylint: disable=import-outside-toplevel
+
+  lines += spread.lines(p.tokens_per_s_per_gpu, gemm.arch(p.gpu))
   return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from maxtext_moe.steptime.external import Layout
+from maxtext_moe.steptime.gemm import arch
 
 # The 1,024-GPU run's layout is not published: FSDP 8 x 16 racks would split MLA's 512-wide kernels 1,024
 # ways with the expert axis, so FSDP 64 x 2 data-parallel replicas across the racks, as our gb300x1024 does.
@@ -159,5 +160,6 @@ def published() -> list[dict[str, Any]]:
     predicted = p.tflops_per_gpu / by_number[point.scaling_of].tflops_per_gpu if point.scaling_of else p.tflops_per_gpu
     row = {"point": point.name, "predicted": round(predicted, 3), "published": point.reported}
     row |= {"ratio": round(predicted / point.reported, 3), "source": point.source, "reason": point.reason or None}
+    row["arch"] = arch(p.gpu)
     rows.append(row | p.as_dict())
   return rows
