@@ -42,7 +42,7 @@ def test_recipe_resolves_and_validates(name, resolution, tmp_path):
   overrides = [f"load_parameters_path={_fake_checkpoint(tmp_path)}"] if finetune else []
   cfg = resolution.resolve(recipes.recipe_path(name), overrides)
   assert cfg.finetune == finetune
-  model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft").removesuffix("-nvidia")
+  model = name.split("/")[1].removesuffix("-finetune").removesuffix("-sft").removesuffix("-nvidia").removesuffix("-fp8")
   assert cfg.model_name == model
   assert str(cfg.recipe_hardware) in name.split("/")[0]
   # Issue 60: the GPU recipes keep the newest two checkpoints (every save stayed: 8.2 TB each for the 671B)

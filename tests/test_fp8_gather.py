@@ -33,7 +33,9 @@ def _weights(key, shape) -> jax.Array:
   return w.astype(jnp.bfloat16)
 
 
-@pytest.mark.parametrize("spec", [P("expert", "fsdp", None), P("expert", None, "fsdp"), P(("expert", "fsdp"), None, None)])
+@pytest.mark.parametrize(
+  "spec", [P("expert", "fsdp", None), P("expert", None, "fsdp"), P(("expert", "fsdp"), None, None)]
+)
 def test_te_recovers_the_same_codes_and_scales_from_the_fp8_gather(spec):
   mesh = _mesh()
   w = _weights(jax.random.PRNGKey(0), (8, 16, 24))
@@ -43,7 +45,9 @@ def test_te_recovers_the_same_codes_and_scales_from_the_fp8_gather(spec):
     fp8 = block._gathered(w_shard, spec, keep="expert", fp8=True)
     return bf16, fp8
 
-  bf16, fp8 = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=(spec,), out_specs=(P("expert"), P("expert")), check_vma=False))(w)
+  bf16, fp8 = jax.jit(
+    jax.shard_map(both, mesh=mesh, in_specs=(spec,), out_specs=(P("expert"), P("expert")), check_vma=False)
+  )(w)
   assert fp8.dtype == bf16.dtype == jnp.bfloat16 and fp8.shape == bf16.shape
   codes_bf16, scale_bf16 = _te_quantized(bf16)
   codes_fp8, scale_fp8 = _te_quantized(fp8)
@@ -63,7 +67,9 @@ def test_the_wire_carries_e4m3_and_the_gradient_is_the_bf16_gathers():
       whole = block._gathered(w_shard, spec, keep="expert", fp8=fp8)
       return jnp.sum(whole.astype(jnp.float32) * p_shard)[None]
 
-    per = jax.shard_map(local, mesh=mesh, in_specs=(spec, P("expert")), out_specs=P(("expert", "fsdp")), check_vma=False)
+    per = jax.shard_map(
+      local, mesh=mesh, in_specs=(spec, P("expert")), out_specs=P(("expert", "fsdp")), check_vma=False
+    )
     return jnp.sum(per(w, probe))
 
   text = jax.jit(lambda w: loss(w, fp8=True)).lower(w).as_text()

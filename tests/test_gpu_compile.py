@@ -193,6 +193,34 @@ ENTRY %main (x: f32[8]) -> f32[8] {
   }
 
 
+def test_an_anonymous_mesh_is_named_after_the_jobs_axes_and_other_axes_get_rows_of_their_own():
+  """Collectives of our shard_map bodies name their mesh `axis_0`, `axis_1`, ... (the 671B program's FSDP
+  gathers of the expert weights): named after the job's axes of size > 1 in order where the sizes match,
+  so that `plan --time --compiled` sends them over the right links (the FSDP axis across 16 nodes, not
+  inside one); the same kind and group size over another axis is its own row."""
+  text = """HloModule m
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %a = ((f32[2]{0}), f32[8]{0}) all-gather-start(%x), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}
+  %b = ((f32[2]{0}), f32[8]{0}) all-gather-start(%x), replica_groups=mesh['fsdp'=4,'expert'=2] {'fsdp'}
+  %c = ((f32[4]{0}), f32[8]{0}) all-gather-start(%x), replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}
+  %d = ((f32[1]{0}), f32[8]{0}) all-gather-start(%x), replica_groups=mesh['axis_0'=8] {'axis_0'}
+  ROOT %r = f32[8]{0} copy(%x)
+}
+"""
+  r = hlo.report(text, num_devices=8, mesh={"fsdp": 4, "expert": 2})
+  rows = {k: (v["count"], v["group_size"], v["axes"]) for k, v in r["collectives"].items()}
+  assert rows == {
+    "all-gather x4 async": (2.0, 4, ["fsdp"]),
+    "all-gather x2 async": (1.0, 2, ["expert"]),
+    "all-gather x8 async": (1.0, 8, ["axis_0"]),  # a mesh of other sizes stays anonymous
+  }
+  # without the job's mesh the anonymous axes keep their names, and a row of its own
+  bare = hlo.report(text, num_devices=8)["collectives"]
+  assert bare["all-gather x4 async"]["axes"] == ["axis_0"] and bare["all-gather x4 async over fsdp"]["count"] == 1.0
+
+
 def test_the_exchange_beside_a_gemm_is_read_off_the_schedule():
   """Our rounds as XLA:GPU schedules them: round 0's two all-to-alls at the top, the first with a GEMM
   (a cuBLAS call) between its start and done, the second back to back; the further rounds in a loop of

@@ -161,12 +161,21 @@ def result_shape(ins: Instr) -> str:
   return shape
 
 
-def group_axes(rest: str) -> tuple[str, ...]:
+def group_axes(rest: str, mesh: dict[str, int] | None = None) -> tuple[str, ...]:
   """The named mesh axes a collective's groups span (`replica_groups=mesh[...] {'fsdp', ...}`); () when
-  its groups are listed by device id."""
-  if m := _GROUPS_MESH.search(rest):
-    return tuple(re.findall(r"'(\w+)'", m.group(2)))
-  return ()
+  its groups are listed by device id. A collective of our shard_map bodies names its mesh's axes
+  `axis_0`, `axis_1`, ...: with `mesh` (the job's axes of size > 1, in MaxText's order, `report`'s
+  "layout") whose sizes are the anonymous mesh's in order, each is named after the axis in its place."""
+  if not (m := _GROUPS_MESH.search(rest)):
+    return ()
+  axes = tuple(re.findall(r"'(\w+)'", m.group(2)))
+  shape = [(name, int(size)) for name, size in re.findall(r"'(\w+)'=(\d+)", m.group(1))]
+  if mesh and all(re.fullmatch(r"axis_\d+", name) for name, _ in shape):
+    named = list(mesh.items())
+    if [size for _, size in shape] == [size for _, size in named]:
+      rename = {anon: name for (anon, _), (name, _) in zip(shape, named, strict=True)}
+      return tuple(rename.get(a, a) for a in axes)
+  return axes
 
 
 def _collective(ins: Instr) -> str | None:
@@ -224,10 +233,12 @@ def _add(table: dict, key: str, *, runs: float, nbytes: int, **extra: Any) -> No
   row["bytes"] += runs * nbytes
 
 
-def report(text: str, *, num_devices: int) -> dict[str, Any]:
+def report(text: str, *, num_devices: int, mesh: dict[str, int] | None = None) -> dict[str, Any]:
   """Per-step figures of one device's program (see the module docstring). `host_syncs_per_step` counts the
   host syncs that run whatever the data (conditionals and unknown-trip loops outside any conditional's
-  branch); `host_syncs_per_step_at_most` also those inside branches, as if every branch were taken."""
+  branch); `host_syncs_per_step_at_most` also those inside branches, as if every branch were taken.
+  `mesh`: the job's mesh axes of size > 1, in order, to name the axes of anonymous meshes (`group_axes`);
+  collectives of one kind and group size over different axes are rows of their own."""
   comps, entry = parse(text)
   graph = executions(comps, entry)
   collectives: dict[str, dict] = {}
@@ -248,7 +259,9 @@ def report(text: str, *, num_devices: int) -> dict[str, Any]:
         is_async = ins.opcode.endswith("-start") or '"is_sync":false' in ins.rest
         key = f"{kind} x{size}{' async' if is_async else ''}{' (in a branch)' if graph.in_branch.get(comp) else ''}"
         nbytes = array_bytes(result_shape(ins))
-        axes = group_axes(ins.rest)
+        axes = group_axes(ins.rest, mesh)
+        if key in collectives and collectives[key]["axes"] != list(axes):
+          key = f"{key} over {'+'.join(axes) or 'listed groups'}"
         _add(collectives, key, runs=n, nbytes=nbytes, kind=kind, group_size=size, is_async=is_async, axes=list(axes))
       if ep := _te_ep(ins):  # NCCL inside a custom call: its output is what arrives
         _add(exchanges, f"te_ep {ep}", runs=n, nbytes=array_bytes(result_shape(ins)))

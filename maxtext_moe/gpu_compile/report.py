@@ -32,7 +32,8 @@ def build(
   mem = memory(compiled)
   device = mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
   host = mem["host_argument_bytes"] + mem["host_output_bytes"] - mem["host_alias_bytes"] + mem["host_temp_bytes"]
-  program = hlo.report(compiled.as_text(), num_devices=target.devices)
+  layout = {a: int(n) for a, n in zip(cfg.mesh_axes, _layout(cfg, target), strict=True) if n > 1}
+  program = hlo.report(compiled.as_text(), num_devices=target.devices, mesh=layout)
   transfers = program["host_transfers"]
   return {
     "platform": "cuda",
@@ -40,7 +41,7 @@ def build(
     "product": target.gpu.product,
     "devices": target.devices,
     "partitions": target.partitions,
-    "layout": {a: int(n) for a, n in zip(cfg.mesh_axes, _layout(cfg, target), strict=True) if n > 1},
+    "layout": layout,
     "memory": mem,
     "device_bytes": device,
     "host_bytes": host,
