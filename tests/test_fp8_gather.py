@@ -88,12 +88,26 @@ def test_the_wire_carries_e4m3_and_the_gradient_is_the_bf16_gathers():
   ],
 )
 def test_the_block_gathers_fp8_only_under_fp8_grouped_gemms(overrides, expected):
-  """The seam's settings for the H100 671B recipe: on with TE's FP8 grouped GEMM (by default), else off; and
-  the recipe's GPU named for the GEMMs' cost (`moe.gemm_cost`)."""
+  """The seam's settings for the H100 671B recipe: on with TE's FP8 grouped GEMM (by default), else off."""
   from maxtext_moe.config import recipes
   from maxtext_moe.upstream import resolution
   from maxtext_moe.upstream.maxtext import moe_layer
 
   cfg = resolution.resolve(recipes.recipe_path("h100x8/deepseek3-671b"), overrides)
   settings = moe_layer.settings_from_config(cfg)
-  assert settings.fp8_gather is expected and settings.gemm_cost_gpu == "h100"
+  assert settings.fp8_gather is expected
+
+
+def test_the_step_time_model_moves_fp8_gathered_expert_weights_at_one_byte():
+  """The FP8 recipe's FSDP gathers over its 16 nodes: the expert weights at 1 byte a value with the FP8
+  gather, 2 without; their gradients' reduce-scatters in bf16 either way."""
+  from maxtext_moe.steptime.recipe import for_recipe
+
+  def fsdp(*overrides):
+    transfers = for_recipe("h100x8/deepseek3-671b-fp8", list(overrides)).workload.transfers
+    return {t.kind: t.wire_bytes for t in transfers if "x16 over 16 NVLink domains" in t.name}
+
+  fp8, bf16 = fsdp(), fsdp("moe_fp8_gather=false")
+  assert fp8["reduce-scatter"] == bf16["reduce-scatter"] > 0
+  experts = bf16["all-gather"] - fp8["all-gather"]  # what the FP8 gather saves: half the experts' bytes
+  assert 0.4 * bf16["all-gather"] < experts < 0.5 * bf16["all-gather"]  # the experts: most of what is gathered

@@ -132,12 +132,13 @@ def test_stage_sends_and_per_iteration_gathers():
   sides = {"expert": (2, 1), "fsdp": (2, 1), "stage": (2, 1)}
   rows = fsdp.param_splits(_cfg(dtype="bfloat16"), LEAVES[:1], RULES, sides, pipe)
   layer = 8 * 64 * 32 * 2 / 2  # one layer's experts in bf16, each device its 4 experts
-  assert rows[0] == (layer * 9, 2, 1, 9, layer / 2 * 2, False)  # 9 iterations of 1 layer; 2 layers stored
-  assert rows[1] == (layer, 2, 1, 1, layer / 2, True)  # the layer outside, once
+  # 9 iterations of 1 layer; 2 layers stored; the last field: bytes on the wire per byte (1: gathered in bf16)
+  assert rows[0] == (layer * 9, 2, 1, 9, layer / 2 * 2, False, 1.0)
+  assert rows[1] == (layer, 2, 1, 1, layer / 2, True, 1.0)  # the layer outside, once
   # 2 layers per stage, one repeat: 4 + 1 iterations of 2 layers; a DeepSeek stack launches once per pass
   one_repeat = stages.Stages.of(_cfg(num_pipeline_repeats=1, num_layers_per_pipeline_stage=2))
   rows = fsdp.param_splits(_cfg(), LEAVES[:1], RULES, sides, one_repeat)
-  assert rows[0] == (layer * 10, 2, 1, 5, layer / 2 * 2, False)
+  assert rows[0] == (layer * 10, 2, 1, 5, layer / 2 * 2, False, 1.0)
   assert shard_elements((8, 64, 32), ("exp", "embed_moe", "mlp_moe"), RULES, SIZES) * 2 == layer / 2
 
 

@@ -17,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from maxtext_moe.moe import fp8_gather, gemm_cost
+from maxtext_moe.moe import fp8_gather
 from maxtext_moe.moe import settings as rules
 from maxtext_moe.moe.dispatch import Dispatcher, Routing
 from maxtext_moe.moe.gemm import grouped_matmul
@@ -31,18 +31,15 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
   """The one grouped-GEMM call site, its output tagged with MaxText's remat name unless the dispatch
-  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds), and its kernels (forward
-  and backward) with their time on the recipe's GPU for XLA:GPU's scheduler (`gemm_cost`)."""
-  (m, k), n = rows_RD.shape, w_EDF.shape[-1]
-  with gemm_cost.priced(settings.gemm_cost_gpu, str(settings.quantization), m, k, n):
-    out = grouped_matmul(
-      rows_RD,
-      w_EDF,
-      group_sizes_E,
-      backend=settings.gemm,
-      window_sizes_L=settings.window_sizes,
-      quantization=settings.quantization,
-    )
+  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds)."""
+  out = grouped_matmul(
+    rows_RD,
+    w_EDF,
+    group_sizes_E,
+    backend=settings.gemm,
+    window_sizes_L=settings.window_sizes,
+    quantization=settings.quantization,
+  )
   if rules.outputs_recomputed(settings.dispatch, settings.buffers, nodes=settings.ep_nodes):
     return out
   return checkpoint_name(out, name)

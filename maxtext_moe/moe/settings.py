@@ -109,9 +109,6 @@ class MoESettings:
   ep_nodes: int = 1  # nodes (NVLink domains) the expert axis spans: its DCN degree (moe.levels)
   routing_groups: tuple[int, int] = (0, 0)  # (n_routing_groups, topk_routing_group); (0, 0): none
   exchange_chunks: int = 1  # the bounded rounds' tokens in this many chunks, for overlap (moe.rounds)
-  # The GPU (hardware table key) whose grouped-GEMM times XLA:GPU's scheduler is told (`moe.gemm_cost`);
-  # "": none (CPU, TPU).
-  gemm_cost_gpu: str = ""
   # FSDP-split expert weights gathered as TE's FP8 codes (`moe.fp8_gather`); only with quantization fp8
   fp8_gather: bool = False
 

@@ -19,7 +19,6 @@ from flax import nnx
 from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.config import hardware
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, routing_groups
@@ -60,7 +59,6 @@ def settings_from_config(cfg: Any) -> MoESettings:
     ep_nodes=nodes,
     routing_groups=routing_groups(cfg),
     exchange_chunks=exchange_chunks(cfg, nodes=nodes),
-    gemm_cost_gpu=str(cfg.recipe_hardware) if hardware.gpu(str(cfg.recipe_hardware)) else "",
     fp8_gather=bool(cfg.moe_fp8_gather) and str(cfg.moe_gemm_quantization) == "fp8",
   )
 
