@@ -213,6 +213,7 @@ def test_data_show_takes_nodes_and_checks_the_config_before_it_reads_a_row(corpu
   )
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 @pytest.mark.slow
 def test_pretraining_from_a_text_file_and_a_tokenizer_directory(corpus, tmp_path):
   """The documented path end to end on CPU: `data show` packs the corpus's rows with the tokenizer, and

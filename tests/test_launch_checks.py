@@ -64,6 +64,7 @@ def test_sbatch_runs_the_check_then_fans_out_with_the_recipes_environment(tmp_pa
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in fan_out, "the flags step's exports reach srun"
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_sbatch_fit_check_0_skips_the_memory_estimate_not_the_layout(tmp_path):
   big = ["h200x8/deepseek3-proxy-16b", "offload=none", "per_device_batch_size=32"]
   r, calls = _sbatch(tmp_path, 1, big)

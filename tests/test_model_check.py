@@ -188,6 +188,7 @@ def test_a_pipelined_model_is_judged_as_its_tree_without_stages(layout, resoluti
   assert _refusal(_cfg(other), staged) == _refusal(_cfg(other), flat)
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_train_and_plan_check_refuse_it_with_exit_2_and_write_nothing(tiny, tmp_path):
   """What a launcher runs before the job takes its GPUs: `train --check` (and the real start) and `plan
   --check` (the first step of scripts/slurm/train.sbatch, and `k8s` through cluster/fit.py)."""

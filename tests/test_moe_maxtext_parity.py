@@ -38,6 +38,7 @@ def _assert_same_training(a, b):
     assert x["raw_grad_norm"] == pytest.approx(y["raw_grad_norm"], rel=1e-5)
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_dropless_block_matches_stock_maxtext(tmp_path):
   stock = _train(tmp_path, "stock", "per_device_batch_size=2", "moe_impl=maxtext", "sparse_matmul=false")
   ours = _train(tmp_path, "ours", "per_device_batch_size=2")

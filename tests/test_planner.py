@@ -248,6 +248,7 @@ def test_a_recipe_that_starts_from_a_checkpoint_is_never_offered_to_move_its_lay
   assert "optimizer_params" not in tuned.fix_words() and tuned.base.device_total == scratch.base.device_total
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_more_nodes_is_a_fix_planned_at_its_own_device_count():
   plan = memory_plan("h100x8/mixtral-8x7b-sft", ["nodes=1", "load_parameters_path=gs://bucket/ckpt/items"])
   assert not plan.base.fits and plan.fix_kind == "more nodes" and plan.fix_words() == "--nodes 2"

@@ -37,6 +37,7 @@ def _tensorboard_scalars(run_dir) -> dict[str, dict[int, float]]:
   return out
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_train_eight_devices_fsdp(tmp_path):
   """Eight FSDP devices; TensorBoard, the per-expert load and `report` read off the same run."""
   args = ["train", "steps=8", "run_name=fsdp", "per_device_batch_size=1", "moe_load_every=3", *FAST[1:]]
