@@ -110,6 +110,7 @@ def test_train_check_of_a_staged_recipe_off_its_gpus_counts_the_jobs_devices(tmp
   assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what_it_skipped(tmp_path: Path):
   proc = run_cli(["train", "h100x8/deepseek3-671b", "--check", f"base_output_directory={tmp_path}/runs"], cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -343,6 +343,7 @@ def test_data_claims_are_mounted_read_only_beside_the_checkpoints(kind):
   assert mounts["checkpoints"]["mountPath"] == "/checkpoints" and "readOnly" not in mounts["checkpoints"]
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_a_layout_plan_says_does_not_fit_is_refused_before_anything_is_written():
   """for_recipe takes plan's verdict: the proxy at a micro-batch of 32 needs ~363 GiB per H200 (one line,
   plan's cheapest fix); --no-fit-check (fit_check=False) writes it anyway, the node layout still checked."""

@@ -54,6 +54,7 @@ def test_sbatch_refuses_a_layout_plan_refuses_before_any_task_starts(tmp_path):
   assert "Traceback" not in r.stderr
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_sbatch_runs_the_check_then_fans_out_with_the_recipes_environment(tmp_path):
   r, calls = _sbatch(tmp_path, 1, ["h200x8/deepseek3-proxy-16b", "steps=5"])
   assert r.returncode == 0, r.stderr[-3000:]

@@ -255,6 +255,7 @@ def test_the_search_ranks_pipelined_671b_layouts_on_32_h100_nodes_and_writes_one
   assert "pipeline bubble" in dict(timed.exposed) and any("stage sends" in k for k in timed.parts)
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_a_qwen3_decoder_with_layers_left_after_the_pipeline_is_planned_and_its_schedules_searched():
   """Qwen3-235B-A22B's 94 layers on 8 stages (88 pipelined, 6 after the pipeline; the stack traced without
   stages is not what `stage` splits) plans; the search times the layout in 1, 2 and 4 repeats, each

@@ -172,6 +172,7 @@ def test_tensor_parallel_candidates_take_the_place_of_fsdp_in_a_node():
   assert "ici_tensor_parallelism=4" in next(c for c in found if c.tp == 4).overrides()
 
 
+@pytest.mark.ci  # kept out of the README suite's 10 minutes; CI runs the ci tier
 def test_the_offload_floors_the_search_prunes_with_never_exceed_the_estimates():
   """The search skips an offload whose floor does not fit (`fitting._offloaded_fits`, from another offload's
   estimate, and `_doubled`, from the half batch's): each must fit wherever the estimate it stands for does.
