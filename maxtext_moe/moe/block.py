@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from maxtext_moe.moe import fp8_gather
 from maxtext_moe.moe import settings as rules
+from maxtext_moe.moe.collectives import all_gather_dims
 from maxtext_moe.moe.dispatch import Dispatcher, Routing
 from maxtext_moe.moe.gemm import grouped_matmul
 from maxtext_moe.moe.registry import DispatchSpec, make_dispatcher
@@ -186,6 +187,4 @@ def _gathered(w: jax.Array, spec: P, *, keep: str | None, fp8: bool = False) -> 
       gathers.append((dim, axes))
   if fp8 and gathers:
     return fp8_gather.gathered(w, tuple(gathers))
-  for dim, axes in gathers:
-    w = jax.lax.all_gather(w, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
-  return w
+  return all_gather_dims(w, tuple(gathers))

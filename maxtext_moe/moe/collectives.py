@@ -65,6 +65,13 @@ def _grouped_exchange(axis_name: str, groups: tuple[tuple[int, ...], ...]) -> Ca
   return grouped
 
 
+def all_gather_dims(x: jax.Array, gathers: tuple[tuple[int, tuple[str, ...]], ...]) -> jax.Array:
+  """`x` all-gathered (tiled) along each (dimension, mesh axes) of `gathers` in turn, inside shard_map."""
+  for dim, axes in gathers:
+    x = jax.lax.all_gather(x, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
+  return x
+
+
 def ragged_offsets(sizes_PP: jax.Array, me: jax.Array, *, back: bool) -> tuple[jax.Array, ...]:
   """(input_offsets, send_sizes, output_offsets, recv_sizes) of rank `me` for `jax.lax.ragged_all_to_all`,
   where sizes_PP[q, p] rows go from rank q to rank p, packed by destination on the sender and by source on

@@ -25,6 +25,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from maxtext_moe.moe.collectives import all_gather_dims
+
 E4M3 = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(E4M3).max)  # 448
 
@@ -44,12 +46,6 @@ def dequantize(q_EDF: jax.Array, scale_E: jax.Array, dtype) -> jax.Array:
   return (q_EDF.astype(jnp.float32) / scale_E[:, None, None]).astype(dtype)
 
 
-def _gather_dims(x: jax.Array, gathers: tuple[tuple[int, tuple[str, ...]], ...]) -> jax.Array:
-  for dim, axes in gathers:
-    x = jax.lax.all_gather(x, axes if len(axes) > 1 else axes[0], axis=dim, tiled=True)
-  return x
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def gathered(w_EDF: jax.Array, gathers: tuple[tuple[int, tuple[str, ...]], ...]) -> jax.Array:
   """The whole weight from its shard (inside shard_map), each (dim, mesh axes) of `gathers` all-gathered in
@@ -63,8 +59,8 @@ def _forward(w_EDF, gathers):
     if dim != 0:
       amax_E = jax.lax.pmax(amax_E, axes)
   scale_E = te_scale(amax_E)
-  q_EDF = _gather_dims(quantize(w_EDF, scale_E), gathers)
-  scale_E = _gather_dims(scale_E, tuple(g for g in gathers if g[0] == 0))  # experts split over more axes
+  q_EDF = all_gather_dims(quantize(w_EDF, scale_E), gathers)
+  scale_E = all_gather_dims(scale_E, tuple(g for g in gathers if g[0] == 0))  # experts split over more axes
   return dequantize(q_EDF, scale_E, w_EDF.dtype)
 
 
@@ -73,7 +69,7 @@ def _fwd(w_EDF, gathers):
 
 
 def _bwd(gathers, w_EDF, g_EDF):
-  _, vjp = jax.vjp(lambda w: _gather_dims(w, gathers), w_EDF)
+  _, vjp = jax.vjp(lambda w: all_gather_dims(w, gathers), w_EDF)
   return vjp(g_EDF.astype(w_EDF.dtype))
 
 

@@ -117,6 +117,12 @@ def routing_groups(cfg: Any) -> tuple[int, int]:
   return (groups, int(cfg.topk_routing_group)) if groups > 0 else (0, 0)
 
 
+def fp8_gathered(cfg: Any) -> bool:
+  """Whether our block gathers its expert weights as TE's FP8 codes (`moe.fp8_gather`): `moe_fp8_gather`
+  with `moe_gemm_quantization: fp8`."""
+  return bool(getattr(cfg, "moe_fp8_gather", False)) and str(getattr(cfg, "moe_gemm_quantization", "none")) == "fp8"
+
+
 def exchange_chunks(cfg: Any, *, nodes: int) -> int:
   """`moe_exchange_chunks`, its 0 (auto) made 2 where expert parallelism spans nodes, else 1."""
   chunks = int(getattr(cfg, "moe_exchange_chunks", 0))

@@ -16,6 +16,7 @@ are reduce-scattered per iteration likewise (the gather's transpose, inside the 
 import math
 from typing import Any
 
+from maxtext_moe.moe.layout import fp8_gathered
 from maxtext_moe.planner.layer_phase import dtype_bytes, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.stages import Stages
@@ -65,12 +66,6 @@ def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages
     launches = shape[names.index("layers")] if "layers" in names else 1
     out.append((total / kept, gathered, domains, launches, total / kept / gathered, True, wire))
   return out
-
-
-def fp8_gathered(cfg: Any) -> bool:
-  """Whether our block gathers its expert weights as FP8 codes (`moe.fp8_gather`: moe_fp8_gather with
-  moe_gemm_quantization=fp8)."""
-  return bool(getattr(cfg, "moe_fp8_gather", False)) and str(getattr(cfg, "moe_gemm_quantization", "none")) == "fp8"
 
 
 def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages, in_block: bool) -> list[tuple]:

@@ -38,7 +38,7 @@ import dataclasses
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
-from maxtext_moe.steptime import gemm, launch
+from maxtext_moe.steptime import gemm, launch, spread
 from maxtext_moe.steptime.constants import constant, host_link_gbs
 from maxtext_moe.steptime.latency import collective_latency_s
 
@@ -267,8 +267,6 @@ def format_prediction(p: Prediction) -> str:
     "  largest exposed costs: " + ("; ".join(f"{k} {v:.3f} s" for k, v in p.exposed[:3]) or "none"),
   ]
   lines += [f"  {part}: {src}" for part, src in w.sources.items()]
-  from maxtext_moe.steptime import gemm, spread  # pylint: disable=import-outside-toplevel
-
   lines += spread.lines(p.tokens_per_s_per_gpu, gemm.arch(p.gpu))
   return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from maxtext.utils import maxtext_utils
 
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
-from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, routing_groups
+from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, fp8_gathered, routing_groups
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoEImpl, MoESettings, detect_platform, resolve_backend
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
 from maxtext_moe.upstream.patches import Patch, original
@@ -59,7 +59,7 @@ def settings_from_config(cfg: Any) -> MoESettings:
     ep_nodes=nodes,
     routing_groups=routing_groups(cfg),
     exchange_chunks=exchange_chunks(cfg, nodes=nodes),
-    fp8_gather=bool(cfg.moe_fp8_gather) and str(cfg.moe_gemm_quantization) == "fp8",
+    fp8_gather=fp8_gathered(cfg),
   )
 
 
