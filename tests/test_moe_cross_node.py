@@ -177,16 +177,32 @@ def test_cross_node_group_limited_routing_crosses_to_at_most_its_groups_nodes():
   assert float(stats["rows_sent_network"]) == _network_rows(ids, nodes=2) <= T
 
 
-def test_cross_node_chunks_give_the_same_outputs_and_gradients():
-  """The tokens in two chunks (each its own rounds, for overlap) change nothing but the schedule."""
-  x, ids, weights = _tokens("random")
+_CHUNK_CASES = [
+  pytest.param(2, "random", 1.5, 2, id="2nodes-2chunks"),
+  pytest.param(1, "random", 1.5, 2, id="1node-2chunks"),  # one level: the chain at the only level
+  pytest.param(2, "one_rank", 1.0, 2, id="2nodes-2chunks-more_rounds"),  # further rounds beside the chain
+  pytest.param(1, "one_rank", 0.5, 2, id="1node-2chunks-more_rounds"),
+  pytest.param(2, "one_rank", 1.0, 4, id="2nodes-4chunks-more_rounds"),
+  pytest.param(4, "random", 0.5, 4, marks=pytest.mark.ci, id="4nodes-4chunks-tight"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "routing", "bf", "chunks"), _CHUNK_CASES)
+def test_chunks_give_the_same_outputs_gradients_and_counts(nodes, routing, bf, chunks):
+  """The tokens in chunks (each its own rounds; their GEMMs chained, round 0 of every chunk first, for
+  overlap) change nothing but the schedule: the outputs, every gradient and the exchange's counts are
+  those of one chunk."""
+  x, ids, weights = _tokens(routing)
   w = _weights()
-  one, s1 = _block(2, BufferMode.BOUNDED, 1.5)(x, ids, weights, *w)
-  two, s2 = _block(2, BufferMode.BOUNDED, 1.5, 2)(x, ids, weights, *w)
-  np.testing.assert_allclose(two, one, **TOL)
-  assert float(s1["rows_sent"]) == float(s2["rows_sent"])
-  two_grads = _loss(_block(2, BufferMode.BOUNDED, 1.5, 2), ids)(x, weights, *w)
-  for a, b in zip(two_grads, _loss(_block(2, BufferMode.BOUNDED, 1.5), ids)(x, weights, *w), strict=True):
+  one, s1 = _block(nodes, BufferMode.BOUNDED, bf)(x, ids, weights, *w)
+  got, s2 = _block(nodes, BufferMode.BOUNDED, bf, chunks)(x, ids, weights, *w)
+  np.testing.assert_allclose(got, one, **TOL)
+  for key in ("rows_sent", "rows_sent_network", "nodes_per_token", "dropped"):
+    assert float(s2[key]) == float(s1[key]), key
+  if routing == "one_rank":  # the chunks really ran further rounds
+    assert float(s2["rounds"]) > 1
+  grads = _loss(_block(nodes, BufferMode.BOUNDED, bf, chunks), ids)(x, weights, *w)
+  for a, b in zip(grads, _loss(_block(nodes, BufferMode.BOUNDED, bf), ids)(x, weights, *w), strict=True):
     np.testing.assert_allclose(a, b, **TOL)
 
 
