@@ -116,9 +116,9 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert proc.returncode == 0, proc.stderr[-2000:]
   lines = proc.stdout.strip().splitlines()
   assert lines[0].startswith("train deepseek3-671b: checked off its GPUs: the config, the layout on 256 GPUs")
-  assert "it fits (59.1 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
+  assert "it fits (55.2 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
   assert lines[1] == (
-    "  checkpoint_period=250 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
+    "  checkpoint_period=260 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
     "minutes by the step-time model"
   )
   assert lines[2].startswith("  skipped (checked when the job starts): the devices each process sees")
@@ -127,9 +127,9 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert big.returncode == 2
   last = big.stderr.strip().splitlines()[-1]
   assert last == (
-    "maxtext-moe: error: h100x8/deepseek3-671b on 32 node(s) does not fit: 126.6 GiB per GPU at the peak, 72.8 "
+    "maxtext-moe: error: h100x8/deepseek3-671b on 32 node(s) does not fit: 110.7 GiB per GPU at the peak, 72.8 "
     "usable (maxtext-moe plan h100x8/deepseek3-671b per_device_batch_size=8 --nodes 32 shows the estimate); "
-    "cheapest fix (smaller micro-batch): per_device_batch_size=2 (59.1 GiB per GPU)"
+    "cheapest fix (smaller micro-batch): per_device_batch_size=2 (55.2 GiB per GPU)"
   )
 
 
@@ -171,7 +171,7 @@ def test_the_step_time_a_recipe_records_is_read_where_the_step_time_model_is_not
   names = ["h100x8/deepseek3-671b", "h100x8/deepseek3-671b-finetune", "h200x8/deepseek3-671b-sft", "cpu/deepseek3-tiny"]
   found = {n: recorded_step_s(recipe_path(n)) for n in names} | {"written": recorded_step_s(written)}
   assert found == {
-    "h100x8/deepseek3-671b": 5.97,
+    "h100x8/deepseek3-671b": 5.68,
     "h100x8/deepseek3-671b-finetune": None,
     "h200x8/deepseek3-671b-sft": 10.05,
     "cpu/deepseek3-tiny": None,

@@ -189,8 +189,9 @@ _CHUNK_CASES = [
 
 @pytest.mark.parametrize(("nodes", "routing", "bf", "chunks"), _CHUNK_CASES)
 def test_chunks_give_the_same_outputs_gradients_and_counts(nodes, routing, bf, chunks):
-  """The tokens in chunks (each its own rounds, round 0 of every chunk first, for overlap) change nothing
-  but the schedule: the outputs, every gradient and the exchange's counts are those of one chunk."""
+  """The tokens in chunks (each its own rounds, round 0 of every chunk first, the chunks chained by
+  optimization barriers, for overlap) change nothing but the schedule: the outputs, every gradient and the
+  exchange's counts are those of one chunk."""
   x, ids, weights = _tokens(routing)
   w = _weights()
   one, s1 = _block(nodes, BufferMode.BOUNDED, bf)(x, ids, weights, *w)

@@ -162,7 +162,7 @@ def test_every_gpu_recipe_fits_by_the_planner(recipe):
 
 @pytest.mark.parametrize(
   ("recipe", "nodes", "gib"),
-  [("h100x8/deepseek3-671b", 64, 59.1), ("h100x8/deepseek3-671b", 128, 59.1), ("h200x8/deepseek3-671b", 16, 105.4)],
+  [("h100x8/deepseek3-671b", 64, 55.2), ("h100x8/deepseek3-671b", 128, 55.2), ("h200x8/deepseek3-671b", 16, 105.4)],
 )
 def test_the_hgx_671b_recipes_fit_on_other_node_counts(recipe, nodes, gib):
   """The HGX 671B recipes are a layout per group of nodes (32 H100, 16 H200) and data parallel across the
@@ -254,3 +254,13 @@ def test_more_nodes_is_a_fix_planned_at_its_own_device_count():
   assert not plan.base.fits and plan.fix_kind == "more nodes" and plan.fix_words() == "--nodes 2"
   two = memory_plan("h100x8/mixtral-8x7b-sft", ["nodes=2", "load_parameters_path=gs://bucket/ckpt/items"])
   assert two.base.fits and two.base.device_total == plan.fix.device_total
+
+
+def test_a_fractional_batch_per_gpu_plans_with_the_parameter_tree_of_a_whole_one():
+  """A job's per_device_batch_size below 1 (Megatron's DeepSeek-V3 layout on 1,024 H100s: 0.25, 256
+  sequences) is 0 sequences on the one device the parameter tree is traced on, which MaxText's routing
+  divided by (a ZeroDivisionError's traceback from `plan` before); the tree does not depend on the batch."""
+  from maxtext_moe.planner import planning
+
+  path = str(recipes.recipe_path("cpu/deepseek3-tiny"))
+  assert planning._leaves(path, ("per_device_batch_size=0.25",)) == planning._leaves(path, ())

@@ -144,7 +144,7 @@ class PluginKeys(BaseModel):
     ge=0,
     description="The bounded exchange's tokens in this many chunks, each with its own rounds, so that one "
     "chunk's dispatch and combine run beside another's expert GEMMs (XLA's latency-hiding scheduler). 0: "
-    "auto, 2 where expert parallelism spans nodes, else 1.",
+    "auto, 4 where expert parallelism spans nodes, else 1.",
   )
   moe_fp8_gather: bool = Field(
     True,

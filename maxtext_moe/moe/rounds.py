@@ -19,7 +19,14 @@ from the mean (`levels.round_levels`), on one node or, in two levels, across nod
 - The backward is a custom VJP of the same shape: each round's forward recomputed and transposed (what
   a `jax.checkpoint` per round gave), round 0 then the loop; nothing per round is kept.
 - The tokens may be split into chunks (`moe_exchange_chunks`), each its own rounds: every chunk's round 0
-  comes first, so XLA's scheduler can run one chunk's exchange beside another's expert GEMMs.
+  comes first, so XLA's scheduler can run one chunk's exchange beside another's expert GEMMs. The chunks
+  are chained (`_tie`): the rows a chunk received and the previous chunk's results pass one barrier, so
+  the dispatch of chunk c + 1 can run beside chunk c's GEMMs and the combine of chunk c beside chunk
+  c + 1's; in the backward a chunk's recomputed rows wait for the previous chunks' weight gradients, so
+  one chunk's rows are held at a time. Without the chain XLA:GPU fused the chunks' work after the
+  dispatch (every chunk's expert counts in one fusion, every chunk's gate and up outputs in another), so
+  no chunk's GEMMs could start before every chunk's rows had arrived. Across nodes the NVLink level runs
+  every chunk's round 0 in one call, so its chain spans the chunks.
 - Across nodes a round of the network level runs the NVLink level's rounds on the rows it received (a
   custom VJP inside one), so both levels are bounded and dropless.
 
@@ -99,6 +106,14 @@ def _reduce(out_QD, order_Q, recv_w_SK, num_valid):
   return jax.ops.segment_sum(out_QD * w_Q[:, None], order_Q // k, num_segments=s)
 
 
+def _tie(x, other):
+  """(x, other), each available only once both are computed (an XLA optimization barrier). Both must be
+  used: XLA drops an unused operand of a barrier, and the order with it."""
+  if other is None:
+    return x, None
+  return jax.lax.optimization_barrier((x, other))
+
+
 @dataclass(frozen=True)
 class _Runner:
   """The rounds of every level of one call, static (hashable: the custom VJP's non-differentiable
@@ -134,21 +149,26 @@ class _Runner:
       )
     return recv, trip, {"rows_sent": jnp.sum(sent_TP, dtype=jnp.float32)}
 
-  def middle(self, level: int, recv: tuple, weights) -> tuple[jax.Array, dict]:
-    """What the received rows of `level` come back as (each row's routing-weighted sum over its experts
-    here): the next level's rounds, or at the last level the experts' GEMMs. ([S, D], its stats)."""
-    recv_x_SD, recv_ids_SK, recv_w_SK = recv
-    if level + 1 < len(self.exchanges):
-      (partial_SD,), inner = _rounds(self, level + 1, (recv_x_SD,), (recv_ids_SK,), (recv_w_SK,), weights)
-      return partial_SD, jax.lax.stop_gradient(inner)
+  def last(self, recv: tuple, weights, tie=None) -> tuple[jax.Array, Any]:
+    """The experts' GEMMs on the rows the last level received, once `tie` is computed and `tie` once the
+    rows are here (`_tie`): (each row's routing-weighted sum over its experts here [S, D], `tie`)."""
+    (recv_x_SD, recv_ids_SK, recv_w_SK), tie = _tie(recv, tie)
     rows_QD, group_sizes, order_Q = _expand(
       recv_x_SD,
       recv_ids_SK,
-      local_experts=self.exchanges[level].local_experts,
+      local_experts=self.exchanges[-1].local_experts,
       num_pairs=levels.gemm_rows(self.sizes, self.top_k),
     )
     out_QD = self.experts.with_weights(weights)(rows_QD, group_sizes)
-    return _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes)), {}
+    return _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes)), tie
+
+  def middle(self, level: int, recv: tuple, weights) -> tuple[jax.Array, dict]:
+    """What the received rows of `level` come back as (each row's routing-weighted sum over its experts
+    here): the next level's rounds, or at the last level the experts' GEMMs. ([S, D], its stats)."""
+    if level + 1 < len(self.exchanges):
+      (partial_SD,), inner = _rounds(self, level + 1, *((a,) for a in recv), weights)
+      return partial_SD, jax.lax.stop_gradient(inner)
+    return self.last(recv, weights)[0], {}
 
   def back(self, level: int, partial_SD: jax.Array, trip) -> jax.Array:
     return self.exchanges[level].back(partial_SD, trip, send_rows=self.sizes[level].recv_rows)
@@ -160,12 +180,41 @@ class _Runner:
     partial_SD, inner = self.middle(level, recv, weights)
     return self.back(level, partial_SD, trip), stats | inner
 
+  def first(self, level: int, xs, ids, ws, weights, plans, tie=None) -> tuple[list, list, Any]:
+    """Round 0 of every chunk of `level`: (y per chunk, stats per chunk, `tie`). Above the last level the
+    next level's rounds run once on every chunk's received rows. At the last level the chunks are
+    chained: the rows a chunk received and the previous chunk's results are tied (`_tie`), so its work
+    after the dispatch waits for the previous chunk's GEMMs and the previous chunk's combine waits for
+    its rows; the first chunk's rows are tied to `tie`."""
+    sent = [self.there(level, 0, x, i, w, p) for x, i, w, p in zip(xs, ids, ws, plans, strict=True)]
+    if level + 1 < len(self.exchanges):
+      partials, inner = _rounds(self, level + 1, *zip(*(recv for recv, _, _ in sent), strict=True), weights)
+      inner = jax.lax.stop_gradient(inner)
+      # the next level's stats once (every chunk's summed, or the largest), zeros beside the other chunks
+      zero = jax.tree.map(jnp.zeros_like, inner)
+      stats = [s | (inner if c == 0 else zero) for c, (_, _, s) in enumerate(sent)]
+    else:
+      partials = []
+      for recv, _, _ in sent:
+        if partials:
+          partial_SD, partials[-1] = self.last(recv, weights, partials[-1])
+        else:
+          partial_SD, tie = self.last(recv, weights, tie)
+        partials.append(partial_SD)
+      stats = [s for _, _, s in sent]
+    ys = [self.back(level, part, trip) for part, (_, trip, _) in zip(partials, sent, strict=True)]
+    return ys, stats, tie
+
   def forward(self, level: int, xs, ids, ws, weights) -> tuple[tuple, dict, tuple]:
     """(y per chunk, the stats, the plans): every chunk's round 0, then each chunk's further rounds."""
     plans = tuple(self.plan(level, i) for i in ids)
-    first = [self.round(level, 0, x, i, w, weights, p) for x, i, w, p in zip(xs, ids, ws, plans, strict=True)]
+    # The exchange waits for the plans' global maxima (one small all-reduce over the expert axis): XLA:GPU
+    # keeps no all-to-all in flight beside a collective over the same devices, so that all-reduce left
+    # to run beside the expert GEMMs would keep the exchange from them.
+    xs, plans = _tie(xs, plans)
+    y0s, s0s, _ = self.first(level, xs, ids, ws, weights, plans)
     ys, stats = [], []
-    for (y0, s0), x, i, w, p in zip(first, xs, ids, ws, plans, strict=True):
+    for y0, s0, x, i, w, p in zip(y0s, s0s, xs, ids, ws, plans, strict=True):
 
       def body(carry, x=x, i=i, w=w, p=p):
         r, y, s = carry
@@ -175,11 +224,14 @@ class _Runner:
       _, y, s = jax.lax.while_loop(lambda c, p=p: c[0] < p.rounds, body, (jnp.int32(1), y0, s0))
       ys.append(y)
       stats.append(_add(s, self._plan_stats(level, p)))
-    return tuple(ys), functools.reduce(_add, stats), plans
+    return tuple(ys), functools.reduce(_add, stats), (xs, plans)
 
   def backward(self, level: int, xs, ids, ws, weights, plans, ys_bar) -> tuple:
     """Cotangents of (xs, ids, ws, weights): each round's forward recomputed and transposed, every chunk's
-    round 0 first."""
+    round 0 first. Above the last level round 0 of every chunk is one transpose (the next level chains
+    the chunks); at the last level the rows each chunk's recomputation received are tied to the weights'
+    gradient of the chunks before it, so its GEMMs wait for theirs and one chunk's rows are held at a
+    time."""
 
     def vjp(r, c):
       def f(x, w, weights):
@@ -187,18 +239,35 @@ class _Runner:
 
       return jax.vjp(f, xs[c], ws[c], weights)[1]
 
-    firsts = [vjp(0, c)(ys_bar[c]) for c in range(len(xs))]
-    out = []
-    for c, g0 in enumerate(firsts):
+    if level + 1 < len(self.exchanges):
+
+      def f0(xs, ws, weights):
+        return tuple(self.first(level, xs, ids, ws, weights, plans)[0])
+
+      dxs, dws, dweights = jax.vjp(f0, xs, ws, weights)[1](tuple(ys_bar))
+      dxs, dws = list(dxs), list(dws)
+    else:
+      dxs, dws, dweights = [], [], None
+      for c in range(len(xs)):
+
+        def f1(x, w, weights, c=c, tie=dweights):
+          ys, _, tie = self.first(level, (x,), (ids[c],), (w,), weights, (plans[c],), tie)
+          return ys[0], tie
+
+        _, vjp_c, tied = jax.vjp(f1, xs[c], ws[c], weights, has_aux=True)
+        dx, dw, dweights_c = vjp_c(ys_bar[c])
+        dxs.append(dx)
+        dws.append(dw)
+        dweights = dweights_c if tied is None else jax.tree.map(jnp.add, tied, dweights_c)
+    for c in range(len(xs)):  # the further rounds, each chunk's loop adding to the weights' gradient
 
       def body(carry, c=c):
         r, g = carry
         return r + 1, jax.tree.map(jnp.add, g, vjp(r, c)(ys_bar[c]))
 
-      out.append(jax.lax.while_loop(lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0))[1])
-    dxs, dws = tuple(g[0] for g in out), tuple(g[1] for g in out)
-    dweights = functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), [g[2] for g in out])
-    return dxs, None, dws, dweights
+      g0 = (dxs[c], dws[c], dweights)
+      dxs[c], dws[c], dweights = jax.lax.while_loop(lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0))[1]
+    return tuple(dxs), None, tuple(dws), dweights
 
   def _plan_stats(self, level: int, plan: RoundPlan) -> dict:
     """Rounds and load (the largest over levels), and at the network level the most nodes one token reached."""
@@ -227,7 +296,7 @@ def _rounds(runner: _Runner, level: int, xs, ids, ws, weights) -> tuple[tuple, d
 
 
 def _rounds_fwd(runner: _Runner, level: int, xs, ids, ws, weights):
-  ys, stats, plans = runner.forward(level, xs, ids, ws, weights)
+  ys, stats, (xs, plans) = runner.forward(level, xs, ids, ws, weights)
   return (ys, stats), (xs, ids, ws, weights, plans)
 
 

@@ -94,19 +94,19 @@ CONSTANTS: dict[str, Constant] = {
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
 # chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM"),
-# not fitted to any time. Two and four chunks: compiled as a GPU schedules them (the scheduler given the
-# allocator's limit, `hardware.target_config(schedules_for=)`), December 2026; one chunk: an earlier compile
-# whose scheduler had 80% of the memory (it gave two chunks 11% where the GPU's schedule gives 29%), the
-# lower figure kept until it is compiled again.
+# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), compiled as a GPU
+# schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
+# 7 December 2026; one chunk: an earlier compile whose scheduler had 80% of the memory (it gave two chunks
+# 11% where the GPU's schedule gave 29%), the lower figure kept until it is compiled again.
 EXCHANGE_BESIDE = {
   1: Constant(2.08 / 290.0, "compile h100x8/deepseek3-671b at EP 8 x 8 nodes, 1 chunk: 2.08 of 290.0 GiB per step"),
   2: Constant(
-    132.45 / 451.23,
-    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 2 chunks: 132.45 of 451.23 GiB per step",
+    107.15 / 451.23,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2) moe_exchange_chunks=2: 107.15 of 451.23 GiB per step",
   ),
   4: Constant(
-    159.31 / 451.23,
-    "compile h100x8/deepseek3-671b moe_exchange_chunks=4: 159.31 of 451.23 GiB per step",
+    220.62 / 451.23,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 4 chunks: 220.62 of 451.23 GiB per step",
   ),
 }
 HOST_LINK_GBS = {  # one direction, per GPU

@@ -39,6 +39,9 @@ ONE_DEVICE_OVERRIDES = [
   "nodes=1",
   "recipe_num_devices=-1",
   "hardware=cpu",
+  # the tree does not depend on the batch: a fractional per_device_batch_size (a job's 0.25 x 1,024 GPUs)
+  # is 0 sequences on one device, which MaxText's routing divides by
+  "per_device_batch_size=1",
   "attention=dot_product",  # the parameter tree does not depend on the kernel; cuDNN's needs TE to trace
   # MaxText's TE MoE block needs TE to trace; the tree of its parameters is the same size unfused
   "te_moe_block=false",
