@@ -266,7 +266,9 @@ class _Runner:
         return r + 1, jax.tree.map(jnp.add, g, vjp(r, c)(ys_bar[c]))
 
       g0 = (dxs[c], dws[c], dweights)
-      dxs[c], dws[c], dweights = jax.lax.while_loop(lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0))[1]
+      dxs[c], dws[c], dweights = jax.lax.while_loop(
+        lambda carry, c=c: carry[0] < plans[c].rounds, body, (jnp.int32(1), g0)
+      )[1]
     return tuple(dxs), None, tuple(dws), dweights
 
   def _plan_stats(self, level: int, plan: RoundPlan) -> dict:

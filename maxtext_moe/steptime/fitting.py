@@ -195,11 +195,11 @@ def timed(ctx: Any, layout: Layout, cand: Any, est: Any) -> "Found":
   label = f"EP {layout.ep} x FSDP {layout.fsdp}" + (f" x EP {layout.dcn_ep} across" if layout.dcn_ep > 1 else "")
   label += f" x TP {layout.tp}" * (layout.tp > 1) + (f", {layout.stages} stages" if layout.stages > 1 else "")
   batch_total = global_batch(layout.batch, ctx.num_devices, int(cand.gradient_accumulation_steps))
-  best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label))
+  best = Found(layout, est.device_total / 2**30, batch_total, predict_config(ctx, cand, label, est=est))
   for other in _schedules(ctx, layout, cand) if layout.stages > 1 else ():
     wrapped = _Schedule(cand, other.microbatches, other.repeats, other.pipelined)
     e, _ = estimate_of(ctx, wrapped, [])
-    pred = predict_config(ctx, wrapped, label) if e.fits else None
+    pred = predict_config(ctx, wrapped, label, est=e) if e.fits else None
     if pred is not None and pred.tokens_per_s_per_gpu > best.prediction.tokens_per_s_per_gpu:
       best = Found(other, e.device_total / 2**30, batch_total, pred)
   return best

@@ -73,13 +73,33 @@ def imbalance_of(cfg: Any, num_devices: int, run_dir: Any) -> Imbalance:
   return from_run(run_dir, ep, int(cfg.num_experts))
 
 
+def scheduler_room(cfg: Any, est: Any) -> tuple[int, int] | None:
+  """(the temporaries the planner puts in the step's forward and backward, the memory XLA:GPU's scheduler
+  works to), bytes; None without a device limit. The scheduler's is `GetSchedulerMemoryLimit`'s: the slop
+  factor (`--xla_gpu_memory_limit_slop_factor` of the flag profile, XLA's 95 without one) x (the
+  allocator's limit - the program's arguments); the arguments are the parameters and optimizer state kept
+  on the device (offloaded ones are the host's, and the step's copy of offloaded parameters a temporary)."""
+  from maxtext_moe.config import flags  # pylint: disable=import-outside-toplevel
+
+  if est.hbm is None:
+    return None
+  slop = 95
+  for flag in flags.for_config(cfg, keep_process_flags=False).xla_flags:
+    name, _, value = flag.partition("=")
+    if name == "--xla_gpu_memory_limit_slop_factor":
+      slop = int(value)
+  arguments = est.params * (not est.params_from_host) + est.optimizer
+  return est.step_total - arguments, int(slop / 100 * (est.hbm - arguments))
+
+
 def predict_config(
-  ctx: Any, cfg: Any, label: str, compiled: dict | None = None, imbalance: Imbalance = UNMEASURED
+  ctx: Any, cfg: Any, label: str, compiled: dict | None = None, imbalance: Imbalance = UNMEASURED, est: Any = None
 ) -> Any:
-  """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan.planning` of its recipe)."""
+  """The `Prediction` of a resolved GPU config (`ctx`: the planner's `memory_plan.planning` of its recipe;
+  `est`: its planner estimate where the caller has it)."""
   from maxtext_moe.config.hardware import gpu as gpu_model  # pylint: disable=import-outside-toplevel
   from maxtext_moe.errors import UserError  # pylint: disable=import-outside-toplevel
-  from maxtext_moe.planner.planning import dispatch_kind  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.planner.planning import dispatch_kind, estimate_of  # pylint: disable=import-outside-toplevel
   from maxtext_moe.steptime.model import predict  # pylint: disable=import-outside-toplevel
 
   model = gpu_model(cfg.recipe_hardware)
@@ -89,7 +109,11 @@ def predict_config(
   if ctx.network_gbs:
     model = dataclasses.replace(model, network_gbs=float(ctx.network_gbs))
   kind = dispatch_kind(ctx, cfg)
-  w = workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance)
+  est = est if est is not None else estimate_of(ctx, cfg, [])[0]
+  w = workload(
+    cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance,
+    scheduler=scheduler_room(cfg, est),
+  )  # fmt: skip
   if compiled is not None:
     if int(compiled.get("devices", -1)) != ctx.num_devices or compiled.get("gpu") != str(cfg.recipe_hardware):
       raise UserError(
