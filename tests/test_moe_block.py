@@ -335,3 +335,45 @@ def test_weights_stored_split_over_fsdp_are_gathered_in_the_block_and_their_grad
   whole = f"f32[{E // 2},{D},{F}]"  # one expert rank's whole kernel
   assert "reduce-scatter(" in hlo and not any("all-reduce(" in ln and whole in ln for ln in hlo.splitlines())
   assert any("all-reduce(" in ln and whole in ln for ln in old.splitlines()), "the replicated intake all-reduced it"
+
+
+def test_the_grouped_gemm_tells_xlas_scheduler_its_time_forward_and_backward():
+  """XLA:GPU's latency-hiding scheduler prices a custom call it does not know at 10 us; with
+  `gemm_seconds` every op of the grouped GEMM's call, its gradient's included, carries the GEMM's time in
+  nanoseconds (the frontend attribute `latency_metadata`), and without it none does."""
+  import re
+
+  from maxtext_moe.moe import block
+
+  rows, w = jnp.ones((16, D)), jnp.ones((E, D, F))
+  sizes = jnp.full((E,), 2, jnp.int32)
+  told = MoESettings(gemm="ragged_dot", gemm_seconds=lambda r, n, k: 2 * r * n * k / 1e12)
+
+  def lowered(settings):
+    def loss(x, w):
+      return block._gmm(x, w, sizes, "mlpwi_0", settings).sum()
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(rows, w).as_text()
+
+  text = lowered(told)
+  tags = set(re.findall(r'latency_metadata = "(\d+)"', text))
+  assert tags == {str(round(2 * 16 * F * D / 1e12 * 1e9))}  # one time: the GEMM's (16 x 24 x 16: 12 ns)
+  forward_and_backward = [line for line in text.splitlines() if "dot_general" in line]
+  assert len(forward_and_backward) >= 3 and all("latency_metadata" in line for line in forward_and_backward)
+  assert "latency_metadata" not in lowered(MoESettings(gemm="ragged_dot"))
+
+
+@pytest.mark.parametrize(("recipe", "fmt"), [("h100x8/deepseek3-671b", "bf16"), ("h100x8/deepseek3-671b-fp8", "fp8")])
+def test_a_gpu_recipes_block_times_its_grouped_gemms_by_the_step_time_model(recipe, fmt):
+  """The seam gives a GPU recipe's block the step-time model's time of a grouped GEMM on its GPU, at the
+  block's number format; a CPU recipe's tells XLA nothing."""
+  from maxtext_moe.config import hardware, recipes
+  from maxtext_moe.steptime import gemm
+  from maxtext_moe.upstream import resolution
+  from maxtext_moe.upstream.maxtext import moe_layer
+
+  gpu_cfg = resolution.resolve(recipes.recipe_path(recipe), [])
+  seconds = moe_layer.settings_from_config(gpu_cfg).gemm_seconds
+  assert seconds(24704, 2048, 7168) == gemm.seconds(hardware.gpu("h100"), fmt, 24704, 2048, 7168)
+  cpu_cfg = resolution.resolve(recipes.recipe_path("cpu/deepseek3-tiny"), [])
+  assert moe_layer.settings_from_config(cpu_cfg).gemm_seconds is None

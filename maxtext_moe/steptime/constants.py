@@ -94,8 +94,8 @@ CONSTANTS: dict[str, Constant] = {
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
 # chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM"),
-# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), compiled as a GPU
-# schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
+# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), the grouped GEMMs' time told
+# to the scheduler (`block._gmm`; four chunks, 220.62 GiB untold), compiled as a GPU schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
 # 7 December 2026; one chunk: an earlier compile whose scheduler had 80% of the memory (it gave two chunks
 # 11% where the GPU's schedule gave 29%), the lower figure kept until it is compiled again.
 EXCHANGE_BESIDE = {
@@ -105,8 +105,9 @@ EXCHANGE_BESIDE = {
     "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2) moe_exchange_chunks=2: 107.15 of 451.23 GiB per step",
   ),
   4: Constant(
-    220.62 / 451.23,
-    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 4 chunks: 220.62 of 451.23 GiB per step",
+    228.18 / 451.23,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 4 chunks, the grouped GEMMs' time told to the "
+    "scheduler: 228.18 of 451.23 GiB per step",
   ),
 }
 # The same share where the step's forward and backward plan more temporaries than XLA:GPU's scheduler works

@@ -9,6 +9,7 @@ untouched, so checkpoints stay interchangeable with stock MaxText. With `moe_imp
 through to MaxText's own method.
 """
 
+import functools
 import inspect
 import math
 from typing import Any
@@ -19,11 +20,14 @@ from flax import nnx
 from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
+from maxtext_moe.config import hardware
+from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, fp8_gathered, routing_groups
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoEImpl, MoESettings, detect_platform, resolve_backend
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
+from maxtext_moe.steptime import gemm as gemm_time
 from maxtext_moe.upstream.patches import Patch, original
 from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 from maxtext_moe.upstream.te import calls as te
@@ -60,7 +64,18 @@ def settings_from_config(cfg: Any) -> MoESettings:
     routing_groups=routing_groups(cfg),
     exchange_chunks=exchange_chunks(cfg, nodes=nodes),
     fp8_gather=fp8_gathered(cfg),
+    gemm_seconds=_gemm_seconds(cfg),
   )
+
+
+def _gemm_seconds(cfg: Any) -> Any:
+  """A grouped GEMM's time by the step-time model on the recipe's GPU (`steptime.gemm.seconds` at our
+  block's number format), for XLA:GPU's scheduler; None for a CPU recipe. (`compile` builds a GPU recipe
+  on CPU devices with the GPU's kernels named; XLA:CPU ignores the attribute.)"""
+  gpu = hardware.gpu(cfg.recipe_hardware)
+  if gpu is None:
+    return None
+  return functools.partial(gemm_time.seconds, gpu, number_format(cfg.moe_gemm_quantization))
 
 
 def prepare_te_ep(cfg: Any) -> None:
