@@ -94,8 +94,9 @@ CONSTANTS: dict[str, Constant] = {
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
 # chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM"),
-# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), the grouped GEMMs' time told
-# to the scheduler (`block._gmm`; four chunks, 220.62 GiB untold), compiled as a GPU schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
+# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), the grouped GEMMs' time
+# told to the scheduler (`block._gmm`; untold, four chunks put 220.62 GiB there), compiled as a GPU
+# schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
 # 7 December 2026; one chunk: an earlier compile whose scheduler had 80% of the memory (it gave two chunks
 # 11% where the GPU's schedule gave 29%), the lower figure kept until it is compiled again.
 EXCHANGE_BESIDE = {
