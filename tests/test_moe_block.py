@@ -363,19 +363,21 @@ def test_the_grouped_gemm_tells_xlas_scheduler_its_time_forward_and_backward():
   assert "latency_metadata" not in lowered(MoESettings(gemm="ragged_dot"))
 
 
-def test_a_gpu_recipes_bf16_block_times_its_grouped_gemms_by_the_step_time_model():
-  """The seam gives a GPU recipe's block the step-time model's time of a bf16 grouped GEMM on its GPU; a
-  quantized grouped GEMM's (TE's quantization would carry the GEMM's time) and a CPU recipe's tell XLA
-  nothing."""
+def test_a_gpu_recipes_mosaic_grouped_gemm_is_timed_by_the_step_time_model():
+  """The seam gives a GPU recipe's block the step-time model's time of a grouped GEMM on its GPU where the
+  GEMM is tokamax's Mosaic kernel; TE's (its own ops in the call would carry the GEMM's time) and a CPU
+  recipe's tell XLA nothing."""
   from maxtext_moe.config import hardware, recipes
   from maxtext_moe.steptime import gemm
   from maxtext_moe.upstream import resolution
   from maxtext_moe.upstream.maxtext import moe_layer
 
-  def told(recipe):
-    return moe_layer.settings_from_config(resolution.resolve(recipes.recipe_path(recipe), [])).gemm_seconds
+  def told(recipe, *overrides):
+    cfg = resolution.resolve(recipes.recipe_path(recipe), list(overrides))
+    return moe_layer.settings_from_config(cfg).gemm_seconds
 
-  seconds = told("h100x8/deepseek3-671b")
+  seconds = told("h100x8/deepseek3-671b", "moe_gemm_backend=tokamax")
   assert seconds(24704, 2048, 7168) == gemm.seconds(hardware.gpu("h100"), "bf16", 24704, 2048, 7168) > 0
-  assert told("h100x8/deepseek3-671b-fp8") is None
-  assert told("cpu/deepseek3-tiny") is None
+  assert told("h100x8/deepseek3-671b", "moe_gemm_backend=te") is None
+  assert told("h100x8/deepseek3-671b-fp8") is None  # te
+  assert told("cpu/deepseek3-tiny", "moe_gemm_backend=tokamax") is None

@@ -21,7 +21,6 @@ from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
 from maxtext_moe.config import hardware
-from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, fp8_gathered, routing_groups
@@ -64,18 +63,20 @@ def settings_from_config(cfg: Any) -> MoESettings:
     routing_groups=routing_groups(cfg),
     exchange_chunks=exchange_chunks(cfg, nodes=nodes),
     fp8_gather=fp8_gathered(cfg),
-    gemm_seconds=_gemm_seconds(cfg),
+    gemm_seconds=_gemm_seconds(cfg, gemm),
   )
 
 
-def _gemm_seconds(cfg: Any) -> Any:
+def _gemm_seconds(cfg: Any, gemm: GemmBackend) -> Any:
   """A grouped GEMM's time by the step-time model on the recipe's GPU (`steptime.gemm.seconds`), for
-  XLA:GPU's scheduler; None for a CPU recipe, and for a quantized grouped GEMM: JAX tags every op of the
-  call, and TE's quantization of the rows and weights, priced at the GEMM's time, took the exchange's
-  place (the FP8 671B program: 49% of the exchange beside a GEMM told, 54% untold; the bf16 one 51%
-  told, 49% untold). (`compile` builds a GPU recipe on CPU devices; XLA:CPU ignores the attribute.)"""
+  XLA:GPU's scheduler, where the grouped GEMM is tokamax's Mosaic kernel (the call: the kernel and its
+  rows' padding); None for a CPU recipe and for TE's grouped GEMM. JAX tags every op traced in the call,
+  and TE's (its group offsets, and with FP8 its quantization of the rows and weights) priced at the
+  GEMM's time took the exchange's place: the 671B programs put 42% of the exchange beside a GEMM told,
+  48% untold (TE bf16), 49% and 54% (TE FP8), where tokamax's put 51% told and 49% untold. (`compile`
+  builds a GPU recipe on CPU devices; XLA:CPU ignores the attribute.)"""
   gpu = hardware.gpu(cfg.recipe_hardware)
-  if gpu is None or number_format(cfg.moe_gemm_quantization) != "bf16":
+  if gpu is None or gemm != GemmBackend.TOKAMAX:
     return None
   return functools.partial(gemm_time.seconds, gpu, "bf16")
 
