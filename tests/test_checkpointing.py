@@ -118,7 +118,7 @@ def test_train_check_of_a_gpu_recipe_off_its_gpus_checks_the_rest_and_names_what
   assert lines[0].startswith("train deepseek3-671b: checked off its GPUs: the config, the layout on 256 GPUs")
   assert "it fits (55.2 GiB per GPU of 72.8 by the planner); nothing was written" in lines[0]
   assert lines[1] == (
-    "  checkpoint_period=260 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
+    "  checkpoint_period=265 >= steps=50: the run saves at its last step only; a failure loses it all, about 5 "
     "minutes by the step-time model"
   )
   assert lines[2].startswith("  skipped (checked when the job starts): the devices each process sees")
@@ -171,7 +171,7 @@ def test_the_step_time_a_recipe_records_is_read_where_the_step_time_model_is_not
   names = ["h100x8/deepseek3-671b", "h100x8/deepseek3-671b-finetune", "h200x8/deepseek3-671b-sft", "cpu/deepseek3-tiny"]
   found = {n: recorded_step_s(recipe_path(n)) for n in names} | {"written": recorded_step_s(written)}
   assert found == {
-    "h100x8/deepseek3-671b": 5.65,
+    "h100x8/deepseek3-671b": 5.68,
     "h100x8/deepseek3-671b-finetune": None,
     "h200x8/deepseek3-671b-sft": 10.05,
     "cpu/deepseek3-tiny": None,

@@ -318,7 +318,7 @@ def test_what_a_failure_costs_is_in_minutes_where_the_recipe_records_its_step_ti
     req = k8s.Request("dsv3", recipe, over, 32, "reg/maxtext-moe:0.1.0", fit_check=False)
     said[recipe] = k8s.for_recipe(req)[0].at_risk
   assert said == {
-    "h100x8/deepseek3-671b": "checkpoints every 250 steps of 1000: a failure costs at most 250 steps, about 25 "
+    "h100x8/deepseek3-671b": "checkpoints every 265 steps of 1000: a failure costs at most 265 steps, about 25 "
     "minutes by the step-time model",
     "h100x8/deepseek3-671b-finetune": "checkpoints every 250 steps of 2000: a failure costs at most 250 steps",
   }

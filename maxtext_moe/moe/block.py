@@ -9,13 +9,11 @@ Shape legend: T tokens, K top-k, D model dim, F expert hidden dim, E experts, R 
 """
 
 import dataclasses
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -34,22 +32,15 @@ _WI_0, _WI_1, _WO = rules.REMAT_NAMES
 
 def _gmm(rows_RD, w_EDF, group_sizes_E, name: str, settings: MoESettings) -> jax.Array:
   """The one grouped-GEMM call site, its output tagged with MaxText's remat name unless the dispatch
-  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds). With
-  `settings.gemm_seconds` its ops carry their time for XLA:GPU's latency-hiding scheduler (its backward's
-  too: JAX tags every op traced under `set_xla_metadata`), which otherwise prices a custom call at 10 us
-  and so has no reason to run an all-to-all beside it (docs/moe-block.md)."""
-  call = functools.partial(
-    grouped_matmul,
+  recomputes it whatever the policy says (`rules.outputs_recomputed`: the rounds)."""
+  out = grouped_matmul(
+    rows_RD,
+    w_EDF,
+    group_sizes_E,
     backend=settings.gemm,
     window_sizes_L=settings.window_sizes,
     quantization=settings.quantization,
   )
-  if settings.gemm_seconds is None:
-    out = call(rows_RD, w_EDF, group_sizes_E)
-  else:
-    (rows, k), n = rows_RD.shape, w_EDF.shape[2]
-    with set_xla_metadata(latency_metadata=str(round(settings.gemm_seconds(rows, n, k) * 1e9))):
-      out = call(rows_RD, w_EDF, group_sizes_E)
   if rules.outputs_recomputed(settings.dispatch, settings.buffers, nodes=settings.ep_nodes):
     return out
   return checkpoint_name(out, name)

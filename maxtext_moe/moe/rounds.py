@@ -20,8 +20,8 @@ from the mean (`levels.round_levels`), on one node or, in two levels, across nod
   a `jax.checkpoint` per round gave), round 0 then the loop; nothing per round is kept.
 - The tokens may be split into chunks (`moe_exchange_chunks`), each its own rounds: every chunk's round 0
   comes first, so XLA's scheduler can run one chunk's exchange beside another's expert GEMMs. The chunks
-  are chained (`_tie`): the rows a chunk received and the previous chunk's results pass one barrier, so
-  the dispatch of chunk c + 1 can run beside chunk c's GEMMs and the combine of chunk c beside chunk
+  are chained (`round_plan.tie`): the rows a chunk received and the previous chunk's results pass one
+  barrier, so the dispatch of chunk c + 1 can run beside chunk c's GEMMs and the combine of chunk c beside chunk
   c + 1's; in the backward a chunk's recomputed rows wait for the previous chunks' weight gradients, so
   one chunk's rows are held at a time. Without the chain XLA:GPU fused the chunks' work after the
   dispatch (every chunk's expert counts in one fusion, every chunk's gate and up outputs in another), so
@@ -36,82 +36,16 @@ Q pairs per round, C chunks.
 
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from maxtext_moe.moe import levels, permute
+from maxtext_moe.moe import levels, round_plan
 from maxtext_moe.moe.dispatch import Experts, Routing
 from maxtext_moe.moe.exchange import Exchange
+from maxtext_moe.moe.round_plan import RoundPlan, plan_rounds
 from maxtext_moe.moe.stats import DispatchStats
-
-
-class RoundPlan(NamedTuple):
-  """Which round and which slot of it each (token, rank) row takes."""
-
-  needs_TP: jax.Array  # token t has at least one expert on rank p
-  round_TP: jax.Array  # its round (where needs_TP)
-  slot_TP: jax.Array  # its row among those for rank p in that round
-  rounds: jax.Array  # rounds every rank runs: 1 + the largest round of any row on any rank (global)
-  load_over_budget: jax.Array  # the most budget any source uses for one rank, over the budget (global)
-
-
-def plan_rounds(
-  ids_TK: jax.Array, *, local_experts: int, num_ranks: int, budget: int, axis: str | None, count_rows: bool = False
-) -> RoundPlan:
-  """Rows in token order per destination, cut into rounds of at most `budget` (row, local expert) pairs,
-  or rows with `count_rows`.
-
-  Example (one source, axis=None): ids_TK = [[0, 1], [0, 2], [1, 3], [0, 1]], local_experts=2,
-    num_ranks=2, budget=2: pairs for rank 0 are 2, 1, 1, 2 (cumulative 2, 3, 4, 6) -> rounds 0, 1, 1, 2;
-    for rank 1: 0, 1, 1, 0 (cumulative 0, 1, 2, 2) -> rows of tokens 1 and 2 in round 0.
-    round_TP[:, 0] = [0, 1, 1, 2], slot_TP[:, 0] = [0, 0, 1, 0], rounds = 3.
-    With count_rows: rows for rank 0 are 1, 1, 1, 1 -> rounds 0, 0, 1, 1; rounds = 2.
-  """
-  rank_TK = ids_TK // local_experts
-  pairs_TP = jnp.sum(rank_TK[:, :, None] == jnp.arange(num_ranks)[None, None, :], axis=1, dtype=jnp.int32)
-  needs_TP = pairs_TP > 0
-  used_TP = needs_TP.astype(jnp.int32) if count_rows else pairs_TP
-  cum_TP = jnp.cumsum(used_TP, axis=0)
-  round_TP = jnp.where(needs_TP, (cum_TP - 1) // budget, 0)
-  # Slot: the row's index among rank p's rows, less the rows of p in earlier rounds. Every round holds at
-  # least one row (a budget fits any row), so there are at most T rounds.
-  row_TP = jnp.cumsum(needs_TP, axis=0, dtype=jnp.int32) - 1
-  per_round = jnp.zeros(needs_TP.shape, jnp.int32)
-  per_round = per_round.at[round_TP, jnp.arange(num_ranks)[None, :]].add(needs_TP.astype(jnp.int32))
-  before_RP = jnp.cumsum(per_round, axis=0) - per_round
-  slot_TP = row_TP - jnp.take_along_axis(before_RP, round_TP, axis=0)
-  rounds = jnp.max(jnp.where(needs_TP, round_TP + 1, 0))
-  load = jnp.max(cum_TP[-1]).astype(jnp.float32) / budget
-  if axis is not None:
-    rounds, load = jax.lax.pmax(rounds, axis), jax.lax.pmax(load, axis)
-  return RoundPlan(needs_TP, round_TP, slot_TP, rounds, load)
-
-
-def _expand(recv_x_SD, recv_ids_SK, *, local_experts: int, num_pairs: int):
-  """The received rows' (row, local expert) pairs sorted by expert, the empty ones cut off: (rows_QD,
-  group_sizes, order_Q) with Q = min(num_pairs, S x K)."""
-  order_R, sizes = permute.sort_by_expert(recv_ids_SK, num_experts=local_experts + 1)
-  order_Q = order_R[: min(num_pairs, order_R.shape[0])]
-  return recv_x_SD[order_Q // recv_ids_SK.shape[1]], sizes[:local_experts], order_Q
-
-
-def _reduce(out_QD, order_Q, recv_w_SK, num_valid):
-  """Each received row's routing-weighted sum over its pairs, [S, D] (`permute.weighted_rows` for the
-  cut-off pair layout). Rows past the groups are zeroed first: a grouped GEMM may leave them unwritten."""
-  s, k = recv_w_SK.shape
-  w_Q = recv_w_SK.reshape(-1)[order_Q].astype(out_QD.dtype)
-  out_QD = jnp.where((jnp.arange(order_Q.shape[0]) < num_valid)[:, None], out_QD, 0)
-  return jax.ops.segment_sum(out_QD * w_Q[:, None], order_Q // k, num_segments=s)
-
-
-def _tie(x, other):
-  """(x, other), each available only once both are computed (an XLA optimization barrier). Both must be
-  used: XLA drops an unused operand of a barrier, and the order with it."""
-  if other is None:
-    return x, None
-  return jax.lax.optimization_barrier((x, other))
 
 
 @dataclass(frozen=True)
@@ -151,16 +85,16 @@ class _Runner:
 
   def last(self, recv: tuple, weights, tie=None) -> tuple[jax.Array, Any]:
     """The experts' GEMMs on the rows the last level received, once `tie` is computed and `tie` once the
-    rows are here (`_tie`): (each row's routing-weighted sum over its experts here [S, D], `tie`)."""
-    (recv_x_SD, recv_ids_SK, recv_w_SK), tie = _tie(recv, tie)
-    rows_QD, group_sizes, order_Q = _expand(
+    rows are here (`round_plan.tie`): (each row's routing-weighted sum over its experts here [S, D], `tie`)."""
+    (recv_x_SD, recv_ids_SK, recv_w_SK), tie = round_plan.tie(recv, tie)
+    rows_QD, group_sizes, order_Q = round_plan.expand(
       recv_x_SD,
       recv_ids_SK,
       local_experts=self.exchanges[-1].local_experts,
       num_pairs=levels.gemm_rows(self.sizes, self.top_k),
     )
     out_QD = self.experts.with_weights(weights)(rows_QD, group_sizes)
-    return _reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes)), tie
+    return round_plan.reduce(out_QD, order_Q, recv_w_SK, jnp.sum(group_sizes)), tie
 
   def middle(self, level: int, recv: tuple, weights) -> tuple[jax.Array, dict]:
     """What the received rows of `level` come back as (each row's routing-weighted sum over its experts
@@ -183,8 +117,8 @@ class _Runner:
   def first(self, level: int, xs, ids, ws, weights, plans, tie=None) -> tuple[list, list, Any]:
     """Round 0 of every chunk of `level`: (y per chunk, stats per chunk, `tie`). Above the last level the
     next level's rounds run once on every chunk's received rows. At the last level the chunks are
-    chained: the rows a chunk received and the previous chunk's results are tied (`_tie`), so its work
-    after the dispatch waits for the previous chunk's GEMMs and the previous chunk's combine waits for
+    chained: the rows a chunk received and the previous chunk's results are tied (`round_plan.tie`), so its
+    work after the dispatch waits for the previous chunk's GEMMs and the previous chunk's combine waits for
     its rows; the first chunk's rows are tied to `tie`."""
     sent = [self.there(level, 0, x, i, w, p) for x, i, w, p in zip(xs, ids, ws, plans, strict=True)]
     if level + 1 < len(self.exchanges):
@@ -211,7 +145,7 @@ class _Runner:
     # The exchange waits for the plans' global maxima (one small all-reduce over the expert axis): XLA:GPU
     # keeps no all-to-all in flight beside a collective over the same devices, so that all-reduce left
     # to run beside the expert GEMMs would keep the exchange from them.
-    xs, plans = _tie(xs, plans)
+    xs, plans = round_plan.tie(xs, plans)
     y0s, s0s, _ = self.first(level, xs, ids, ws, weights, plans)
     ys, stats = [], []
     for y0, s0, x, i, w, p in zip(y0s, s0s, xs, ids, ws, plans, strict=True):

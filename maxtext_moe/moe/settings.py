@@ -111,9 +111,6 @@ class MoESettings:
   exchange_chunks: int = 1  # the bounded rounds' tokens in this many chunks, for overlap (moe.rounds)
   # FSDP-split expert weights gathered as TE's FP8 codes (`moe.fp8_gather`); only with quantization fp8
   fp8_gather: bool = False
-  # (rows, N, K) -> seconds: a grouped GEMM's time, told to XLA:GPU's latency-hiding scheduler (the frontend
-  # attribute `latency_metadata`, `block._gmm`); None: untold, and XLA prices the custom call at 10 us
-  gemm_seconds: Callable[[int, int, int], float] | None = None
 
 
 def _platform(platform: Platform | str) -> Platform:

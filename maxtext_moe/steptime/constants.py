@@ -94,8 +94,7 @@ CONSTANTS: dict[str, Constant] = {
 
 # Of our rounds' expert exchange, the share of its bytes XLA:GPU schedules beside a GEMM, by the tokens'
 # chunks (`moe_exchange_chunks`): read off compiled programs (`compile`'s "expert exchange beside a GEMM"),
-# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), the grouped GEMMs' time
-# told to the scheduler (`block._gmm`; untold, four chunks put 220.62 GiB there), compiled as a GPU
+# not fitted to any time. Two and four chunks: the chained chunks (`moe.rounds`), compiled as a GPU
 # schedules them (the scheduler given the allocator's limit, `hardware.target_config(schedules_for=)`),
 # 7 December 2026; one chunk: an earlier compile whose scheduler had 80% of the memory (it gave two chunks
 # 11% where the GPU's schedule gave 29%), the lower figure kept until it is compiled again.
@@ -106,19 +105,18 @@ EXCHANGE_BESIDE = {
     "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2) moe_exchange_chunks=2: 107.15 of 451.23 GiB per step",
   ),
   4: Constant(
-    228.18 / 451.23,
-    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 4 chunks, the grouped GEMMs' time told to the "
-    "scheduler: 228.18 of 451.23 GiB per step",
+    220.62 / 451.23,
+    "compile h100x8/deepseek3-671b (EP 8 x 2 nodes, batch 2), 4 chunks: 220.62 of 451.23 GiB per step",
   ),
 }
 # The same share where the step's forward and backward plan more temporaries than XLA:GPU's scheduler works
 # to (`scheduler_room`): the scheduler then orders the step to lower its memory, and the chunks' exchanges
 # wait for their GEMMs. Read off the one program compiled so (its planned 63.9 GiB over the scheduler's
-# 61.9; 9% with the GEMMs' time untold); `h100x8/deepseek3-671b` compiled for the planner's figure, its
-# temporaries over that limit too, put 55.84 of 451.23 GiB per step beside a GEMM (12%; 6.5% untold).
+# 61.9); `h100x8/deepseek3-671b` compiled for the planner's figure, its temporaries over that limit too, put
+# 29.53 of 451.23 GiB per step beside a GEMM (6.5%).
 EXCHANGE_BESIDE_OVER_LIMIT = Constant(
-  114.54 / 902.45,
-  "compile h100x8/deepseek3-671b per_device_batch_size=4 offload=optimizer_params, 4 chunks: 114.54 of 902.45 GiB "
+  77.48 / 902.45,
+  "compile h100x8/deepseek3-671b per_device_batch_size=4 offload=optimizer_params, 4 chunks: 77.48 of 902.45 GiB "
   "per step",
 )
 HOST_LINK_GBS = {  # one direction, per GPU

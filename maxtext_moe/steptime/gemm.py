@@ -110,12 +110,6 @@ def efficiency(gpu: Any, fmt: str, m: float, n: float, k: float) -> float:
   return fp8
 
 
-def seconds(gpu: Any, fmt: str, m: float, n: float, k: float) -> float:
-  """A GEMM's time at shape (m, n, k): 2mnk FLOPs at `efficiency` of the dense peak for `fmt`."""
-  peak = gpu.peak_tflops.get(fmt, gpu.peak_tflops["bf16"]) * 1e12
-  return 2 * m * n * k / (peak * efficiency(gpu, fmt, m, n, k))
-
-
 def class_efficiency(gpu: Any, fmt: str, shapes: list[tuple[int, int, int, float]] | None) -> float:
   """The FLOP-weighted harmonic mean of `shapes`' efficiencies ((m, n, k, share of the class's FLOPs)); a
   large GEMM's without shapes."""

@@ -92,6 +92,22 @@ def scheduler_room(cfg: Any, est: Any) -> tuple[int, int] | None:
   return est.step_total - arguments, int(slop / 100 * (est.hbm - arguments))
 
 
+def within_room(w: Workload, room: tuple[int, int] | None) -> Workload:
+  """`w` with the exchange's share beside GEMMs the one compiled over the scheduler's limit
+  (`constants.EXCHANGE_BESIDE_OVER_LIMIT`) where `room` (`scheduler_room`) is over it, and a note why."""
+  from maxtext_moe.steptime.constants import EXCHANGE_BESIDE_OVER_LIMIT  # pylint: disable=import-outside-toplevel
+
+  if not w.exchange_beside or room is None or room[0] <= room[1]:
+    return w
+  beside = min(w.exchange_beside, EXCHANGE_BESIDE_OVER_LIMIT.value)
+  note = (
+    f"{beside:.0%}: the forward and backward's {room[0] / 2**30:,.1f} GiB of temporaries (planned) are over the "
+    f"{room[1] / 2**30:,.1f} GiB XLA:GPU's scheduler works to, which then keeps the exchange from the GEMMs "
+    "(docs/step-time.md)"
+  )
+  return dataclasses.replace(w, exchange_beside=beside, sources={**w.sources, "expert exchange beside GEMMs": note})
+
+
 def predict_config(
   ctx: Any, cfg: Any, label: str, compiled: dict | None = None, imbalance: Imbalance = UNMEASURED, est: Any = None
 ) -> Any:
@@ -110,10 +126,10 @@ def predict_config(
     model = dataclasses.replace(model, network_gbs=float(ctx.network_gbs))
   kind = dispatch_kind(ctx, cfg)
   est = est if est is not None else estimate_of(ctx, cfg, [])[0]
-  w = workload(
-    cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance,
-    scheduler=scheduler_room(cfg, est),
-  )  # fmt: skip
+  w = within_room(
+    workload(cfg, ctx.leaves, num_devices=ctx.num_devices, dispatch=kind, label=label, imbalance=imbalance),
+    scheduler_room(cfg, est),
+  )
   if compiled is not None:
     if int(compiled.get("devices", -1)) != ctx.num_devices or compiled.get("gpu") != str(cfg.recipe_hardware):
       raise UserError(

@@ -57,7 +57,7 @@ from maxtext_moe.planner.layer_phase import (
 from maxtext_moe.planner.shards import TENSOR_AXES, tensor_ways
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
-from maxtext_moe.steptime.constants import EXCHANGE_BESIDE_OVER_LIMIT, exchange_beside
+from maxtext_moe.steptime.constants import exchange_beside
 from maxtext_moe.steptime.counts import memory_bytes_per_token, recompute_tflops, value_of
 from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance
 from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
@@ -262,30 +262,12 @@ def _kernels(cfg: Any, step: _Step) -> tuple[float, float]:
 
 
 def workload(
-  cfg: Any,
-  leaves: list,
-  *,
-  num_devices: int,
-  dispatch: str,
-  label: str,
-  imbalance: Imbalance = UNMEASURED,
-  scheduler: tuple[int, int] | None = None,
+  cfg: Any, leaves: list, *, num_devices: int, dispatch: str, label: str, imbalance: Imbalance = UNMEASURED
 ) -> Workload:
-  """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`;
-  `scheduler`: (the temporaries the planner puts in the forward and backward, the memory XLA:GPU's
-  scheduler works to), `recipe.scheduler_room`: over it, the exchange's share beside GEMMs is the one
-  compiled over that limit (`constants.EXCHANGE_BESIDE_OVER_LIMIT`)."""
+  """The `Workload` of one GPU of `cfg`'s training step on `num_devices` GPUs, its routing at `imbalance`."""
   step = _step(cfg, num_devices, dispatch)
   flops, total, shared, attention_fwd, recompute_note = _flops(cfg, step)
   exchange, rows_per_token, host_syncs, kind, beside = _exchange(cfg, step, dispatch)
-  notes = {}
-  if beside and scheduler is not None and scheduler[0] > scheduler[1]:
-    beside = min(beside, EXCHANGE_BESIDE_OVER_LIMIT.value)
-    notes["expert exchange beside GEMMs"] = (
-      f"{beside:.0%}: the forward and backward's {scheduler[0] / 2**30:,.1f} GiB of temporaries (planned) are "
-      f"over the {scheduler[1] / 2**30:,.1f} GiB XLA:GPU's scheduler works to, which then keeps the exchange "
-      "from the GEMMs (docs/step-time.md)"
-    )
   transfers = fsdp.transfers(cfg, leaves, step.rules, step.sides, step.pipe) + exchange
   transfers += _host_transfers(cfg, leaves, step, kind) + stage_costs.sends(cfg, step.pipe, step.sides, step.micro_rows)
   transfers += _tensor(cfg, step)
@@ -313,6 +295,5 @@ def workload(
       "collectives": "analytic, from the parameter tree's shardings and the MoE settings",
       "GEMM efficiency": "by shape, XLA:GPU's measured matmul table (steptime/gemm.py)",
       "routing imbalance": imbalance.source,
-      **notes,
     },
   )

@@ -9,7 +9,6 @@ untouched, so checkpoints stay interchangeable with stock MaxText. With `moe_imp
 through to MaxText's own method.
 """
 
-import functools
 import inspect
 import math
 from typing import Any
@@ -20,13 +19,11 @@ from flax import nnx
 from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.config import hardware
 from maxtext_moe.moe import mesh_axes
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, fp8_gathered, routing_groups
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoEImpl, MoESettings, detect_platform, resolve_backend
 from maxtext_moe.moe.stats import BIAS, INTERMEDIATE_PREFIX
-from maxtext_moe.steptime import gemm as gemm_time
 from maxtext_moe.upstream.patches import Patch, original
 from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 from maxtext_moe.upstream.te import calls as te
@@ -63,22 +60,7 @@ def settings_from_config(cfg: Any) -> MoESettings:
     routing_groups=routing_groups(cfg),
     exchange_chunks=exchange_chunks(cfg, nodes=nodes),
     fp8_gather=fp8_gathered(cfg),
-    gemm_seconds=_gemm_seconds(cfg, gemm),
   )
-
-
-def _gemm_seconds(cfg: Any, gemm: GemmBackend) -> Any:
-  """A grouped GEMM's time by the step-time model on the recipe's GPU (`steptime.gemm.seconds`), for
-  XLA:GPU's scheduler, where the grouped GEMM is tokamax's Mosaic kernel (the call: the kernel and its
-  rows' padding); None for a CPU recipe and for TE's grouped GEMM. JAX tags every op traced in the call,
-  and TE's (its group offsets, and with FP8 its quantization of the rows and weights) priced at the
-  GEMM's time took the exchange's place: the 671B programs put 42% of the exchange beside a GEMM told,
-  48% untold (TE bf16), 49% and 54% (TE FP8), where tokamax's put 51% told and 49% untold. (`compile`
-  builds a GPU recipe on CPU devices; XLA:CPU ignores the attribute.)"""
-  gpu = hardware.gpu(cfg.recipe_hardware)
-  if gpu is None or gemm != GemmBackend.TOKAMAX:
-    return None
-  return functools.partial(gemm_time.seconds, gpu, "bf16")
 
 
 def prepare_te_ep(cfg: Any) -> None:
