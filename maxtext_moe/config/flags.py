@@ -47,6 +47,12 @@ class FlagSet:
     return "\n".join(lines) if lines else "# this flag profile sets nothing"
 
 
+def flag_value(xla_flags: list[str], name: str) -> str | None:
+  """The value the last `name=value` of `xla_flags` sets (XLA takes the last), None where none does."""
+  found = [f.split("=", 1)[1] for f in xla_flags if f.split("=", 1)[0] == name and "=" in f]
+  return found[-1] if found else None
+
+
 def _profiles() -> dict[str, Any]:
   return yaml.safe_load((configs_dir() / "flags" / "profiles.yml").read_text())
 

@@ -18,6 +18,7 @@ per-op overhead on small kernels, a device-to-host sync per MoE layer); the host
 
 from typing import Any
 
+from maxtext_moe.config.flags import flag_value
 from maxtext_moe.steptime.constants import constant
 from maxtext_moe.steptime.counts import _per_token_forward_flops
 
@@ -43,10 +44,10 @@ def kernels_per_layer(cfg: Any, formats: dict[str, str], *, moe: bool) -> dict[s
 
 def xla_command_types(xla_flags: list[str]) -> tuple[str, ...]:
   """The command types XLA:GPU captures in command buffers under `xla_flags` (the last setting wins)."""
-  found = [f.split("=", 1)[1] for f in xla_flags if f.split("=", 1)[0] == "--xla_gpu_enable_command_buffer"]
-  if not found:
+  found = flag_value(xla_flags, "--xla_gpu_enable_command_buffer")
+  if found is None:
     return XLA_DEFAULT_COMMAND_TYPES
-  return tuple(t for t in found[-1].split(",") if t)
+  return tuple(t for t in found.split(",") if t)
 
 
 def xla_split(kernels: dict[str, float], command_types: tuple[str, ...], te_gemms: bool) -> tuple[float, float]:

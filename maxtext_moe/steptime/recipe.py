@@ -83,11 +83,8 @@ def scheduler_room(cfg: Any, est: Any) -> tuple[int, int] | None:
 
   if est.hbm is None:
     return None
-  slop = 95
-  for flag in flags.for_config(cfg, keep_process_flags=False).xla_flags:
-    name, _, value = flag.partition("=")
-    if name == "--xla_gpu_memory_limit_slop_factor":
-      slop = int(value)
+  xla_flags = flags.for_config(cfg, keep_process_flags=False).xla_flags
+  slop = int(flags.flag_value(xla_flags, "--xla_gpu_memory_limit_slop_factor") or 95)
   arguments = est.params * (not est.params_from_host) + est.optimizer
   return est.step_total - arguments, int(slop / 100 * (est.hbm - arguments))
 
