@@ -3,7 +3,8 @@
 # base (docker/standin: Debian trixie from debootstrap, JAX as NGC pins it, a Transformer Engine record, a
 # stub libnccl.so.2, Ubuntu 24.04's uid-1000 user), then runs in it as its non-root user: `maxtext-moe
 # doctor`, `maxtext-moe recipes` and the CPU default `train` for a few steps, its run directory on a mounted
-# volume that this script then reads, as pyxis and Kubernetes mount checkpoints. .ci/run runs it.
+# volume that this script then reads, as pyxis and Kubernetes mount checkpoints. .ci/run runs it. Each
+# image is removed after its checks, so that the builds need room for one image at a time (about 6 GiB).
 #
 #   scripts/image_smoke.sh            # needs root, podman, runc and debootstrap; says so in one line and
 #                                     # exits 0 where they are missing
@@ -30,6 +31,19 @@ if [[ ! -f /etc/containers/containers.conf ]]; then
     >/etc/containers/containers.conf
 fi
 mkdir -p "$work"
+
+# Each build writes its pip layer (about 1.1 GB) three times over while podman commits it: the container's
+# upper directory, the layer's blob under /var/tmp, the stored layer. Too little room is said here in one
+# line, not found out as "no space left on device" minutes into pip.
+need_gib=6
+for dir in "$(podman info --format '{{.Store.GraphRoot}}')" /var/tmp; do
+  mkdir -p "$dir"
+  free_gib=$(($(df --output=avail -B1 "$dir" | tail -1) / 1024 ** 3))
+  if ((free_gib < need_gib)); then
+    echo "image_smoke.sh: $free_gib GiB free on $dir's file system; the image build needs about $need_gib GiB (free some, or remove old images: podman system prune)" >&2
+    exit 1
+  fi
+done
 
 if ! podman image exists "$root_image"; then
   rootfs="$(mktemp -d "$work/rootfs.XXXXXX")"
@@ -78,6 +92,10 @@ for ubuntu_user in 1 0; do
   start=$SECONDS
   smoke
   echo "image_smoke.sh: ... in $((SECONDS - start)) s"
+  # This build's image, its base and the build's intermediate layers go before the next build writes its own.
+  podman rmi -f "$(podman image inspect --format '{{.Id}}' "$image")" "$base" >/dev/null  # every tag of it
+  podman image prune -f >/dev/null
+  rm -rf "$work/runs"
 done
 
 # A base whose NCCL is too old for TE's NCCL EP: the build stops at its first step, in one line.
@@ -92,3 +110,5 @@ fi
 want="pins.py: the base image's NCCL 2.28.1 is older than 2.30.4, which TE's NCCL EP needs: use a newer base"
 grep -qxF "$want" "$work/build-old.log" || { echo "image_smoke.sh: no '$want' (see $work/build-old.log)" >&2; exit 1; }
 echo "image_smoke.sh: a base with NCCL 2.28.1 fails the build in one line, in $((SECONDS - start)) s"
+podman rmi -f "$base_image-old-nccl" >/dev/null
+podman image prune -f >/dev/null

@@ -29,7 +29,15 @@ COMMON = [
   "checkpoint_period=3",
   "progress=plain",
 ]
-TWO_NODES = ["ici_expert_parallelism=4", "ici_fsdp_parallelism=1", "dcn_expert_parallelism=2", "dcn_data_parallelism=1"]
+# Two chunks, not the default four across nodes: still chunked and chained (the chunks' own parity is
+# tests/test_moe_cross_node.py's), at about 110 s a two-process run rather than 145.
+TWO_NODES = [
+  "ici_expert_parallelism=4",
+  "ici_fsdp_parallelism=1",
+  "dcn_expert_parallelism=2",
+  "dcn_data_parallelism=1",
+  "moe_exchange_chunks=2",
+]
 
 
 def _free_port() -> int:
