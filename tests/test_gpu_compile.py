@@ -12,6 +12,7 @@ from maxtext_moe.bench.plan_accuracy import TE_PYTHON
 from maxtext_moe.config import hardware
 from maxtext_moe.gpu_compile import hlo
 from maxtext_moe.gpu_compile.command import plugin_installed
+from maxtext_moe.gpu_compile.gemms import gemm_kind
 
 needs_plugin = pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
 
@@ -336,6 +337,29 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
   assert report["peak"]["peak_bytes"] > 0 and (tmp_path / "train_step.after_optimizations.txt").stat().st_size > 0
   assert any(s.startswith("attention=cudnn_flash_te is TE's cuDNN flash") for s in report["substitutions"])
   assert report["gemms"].get("cudnn_attention", 0) > 0  # cuDNN's fused attention, forward and backward
+  # MaxText's bias update sums the expert counts over the batch (an all-reduce over the expert axis's
+  # devices); while it is in flight XLA:GPU starts no all-to-all over them, so it must not span the GEMMs.
+  assert _all_reduces_beside_grouped_gemms((tmp_path / "train_step.after_optimizations.txt").read_text()) == []
+
+
+def _all_reduces_beside_grouped_gemms(text: str) -> list[tuple[str, str]]:
+  """(computation, all-reduce) of every async all-reduce with a grouped GEMM scheduled between its start and
+  done (each computation lists its instructions in schedule order)."""
+  comps, _ = hlo.parse(text)
+  found = []
+  for comp, instrs in comps.items():
+    started: dict[str, int] = {}
+    grouped = 0
+    for ins in instrs:
+      if ins.opcode == "all-reduce-start":
+        started[ins.name] = grouped
+      elif ins.opcode == "all-reduce-done":
+        start = ins.rest.split(")")[0].strip("( %")
+        if started.get(start, grouped) < grouped:
+          found.append((comp, start))
+      elif gemm_kind(ins) in ("mosaic_gpu", "te_grouped_gemm"):
+        grouped += 1
+  return found
 
 
 @pytest.mark.extended

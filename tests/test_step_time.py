@@ -164,8 +164,8 @@ def test_plan_time_as_a_user_runs_it(capfd):
 def test_the_exchange_is_beside_the_gemms_only_where_the_scheduler_has_memory_for_it():
   """XLA:GPU's scheduler works to the slop factor x (the allocator's limit - the arguments): the 671B
   recipe plans 45.2 GiB of temporaries under its 53.4 (the profile's 85% of 72.8 less the 10.0 GiB of
-  parameters) and its compile puts 49% of the exchange beside a GEMM; at batch 4 with the parameters on
-  the host it plans 63.9 over 61.9, and its compile put 9% there, not the 49% of its chunks (the search
+  parameters) and its compile puts 53% of the exchange beside a GEMM; at batch 4 with the parameters on
+  the host it plans 63.9 over 61.9, and its compile put 9% there, not the 49% its chunks had then (the search
   ranked it first at 1,517 tokens/s per GPU by the model; its compiled program gives 1,354)."""
   from maxtext_moe.planner.planning import estimate_of, planning
   from maxtext_moe.steptime.constants import EXCHANGE_BESIDE_OVER_LIMIT, exchange_beside

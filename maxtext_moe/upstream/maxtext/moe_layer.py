@@ -19,7 +19,7 @@ from flax import nnx
 from maxtext.layers import moe as mt_moe
 from maxtext.utils import maxtext_utils
 
-from maxtext_moe.moe import mesh_axes
+from maxtext_moe.moe import mesh_axes, round_plan
 from maxtext_moe.moe.block import moe_block
 from maxtext_moe.moe.layout import dispatch_for, exchange_chunks, expert_nodes, fp8_gathered, routing_groups
 from maxtext_moe.moe.settings import DispatchKind, GemmBackend, MoEImpl, MoESettings, detect_platform, resolve_backend
@@ -182,8 +182,12 @@ def dropless_sparse_matmul(
   b, s, d = inputs.shape
   k = ids_TK.shape[-1]
   ep = self.mesh.shape.get(mesh_axes.EXPERT, 1)
+  # The bias update's expert counts are summed over the whole batch (an all-reduce over the batch's axes)
+  # before the tokens leave: left free, XLA:GPU ran that all-reduce beside the expert GEMMs, and kept every
+  # all-to-all over those devices from them while it was in flight (docs/moe-block.md).
+  x_TD, updates = round_plan.tie(inputs.reshape(b * s, d), _bias_updates(self, ids_TK))
   y_TD, stats = moe_block(
-    inputs.reshape(b * s, d),
+    x_TD,
     ids_TK.reshape(b * s, k).astype(jnp.int32),
     weights_TK.reshape(b * s, k).astype(inputs.dtype),
     *_compute_weights(self, (w0_kernel, w1_kernel, wo_kernel), inputs.dtype),
@@ -197,7 +201,7 @@ def dropless_sparse_matmul(
   for name, value in stats.items():
     self.sow(nnx.Intermediate, INTERMEDIATE_PREFIX + name, value)
   lb_loss = _load_balance_loss(self, gate_logits, pre_bias_logits, ids_TK)
-  return y_TD.reshape(b, s, d), lb_loss, _bias_updates(self, ids_TK)
+  return y_TD.reshape(b, s, d), lb_loss, updates
 
 
 def routed_moe_init(self, config, *args, **kwargs):
