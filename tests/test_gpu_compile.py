@@ -13,6 +13,7 @@ from maxtext_moe.config import hardware
 from maxtext_moe.gpu_compile import hlo
 from maxtext_moe.gpu_compile.command import plugin_installed
 from maxtext_moe.gpu_compile.gemms import gemm_kind
+from maxtext_moe.gpu_compile.schedule import async_spans
 
 needs_plugin = pytest.mark.skipif(not plugin_installed(), reason="needs jax-cuda12-plugin (./setup.sh --gpu-compile)")
 
@@ -344,22 +345,15 @@ def test_a_gpu_recipe_compiles_for_its_gpus_and_the_program_matches_the_layout(t
 
 def _all_reduces_beside_grouped_gemms(text: str) -> list[tuple[str, str]]:
   """(computation, all-reduce) of every async all-reduce with a grouped GEMM scheduled between its start and
-  done (each computation lists its instructions in schedule order)."""
+  done."""
   comps, _ = hlo.parse(text)
-  found = []
-  for comp, instrs in comps.items():
-    started: dict[str, int] = {}
-    grouped = 0
-    for ins in instrs:
-      if ins.opcode == "all-reduce-start":
-        started[ins.name] = grouped
-      elif ins.opcode == "all-reduce-done":
-        start = ins.rest.split(")")[0].strip("( %")
-        if started.get(start, grouped) < grouped:
-          found.append((comp, start))
-      elif gemm_kind(ins) in ("mosaic_gpu", "te_grouped_gemm"):
-        grouped += 1
-  return found
+
+  def grouped(ins) -> bool:
+    return gemm_kind(ins) in ("mosaic_gpu", "te_grouped_gemm")
+
+  return [
+    (comp, start.name) for comp, instrs in comps.items() for start, n in async_spans(instrs, "all-reduce", grouped) if n
+  ]
 
 
 @pytest.mark.extended

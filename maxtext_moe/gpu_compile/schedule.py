@@ -29,6 +29,25 @@ def streams(comps: dict[str, list[Any]]) -> dict[str, Any]:
   return {"async_starts": dict(starts), "operation_queues": len(queues), "command_buffers": buffers}
 
 
+def async_spans(instrs: list[Any], kind: str, counted: Callable[[Any], Any]) -> list[tuple[Any, int]]:
+  """Each async `kind` pair of one computation (its instructions in schedule order, as the optimized HLO
+  lists them): (its `kind`-start, how many instructions `counted` accepts between its start and done)."""
+  started: dict[str, tuple[Any, int]] = {}  # a start's name -> (the start, instructions counted before it)
+  seen = 0
+  spans = []
+  for ins in instrs:
+    if ins.opcode == f"{kind}-start":
+      started[ins.name] = (ins, seen)
+    elif ins.opcode == f"{kind}-done":
+      name = re.match(r"\s*%?([\w.\-]+)", ins.rest.split(",")[0].split(")")[0].lstrip("("))
+      start = started.pop(name.group(1), None) if name else None
+      if start is not None:
+        spans.append((start[0], seen - start[1]))
+    elif counted(ins):
+      seen += 1
+  return spans
+
+
 def exchange_overlap(comps: dict[str, list[Any]], graph: Any, *, size: Callable[[Any], int]) -> dict[str, float]:
   """How much of the expert exchange (all-to-alls outside branches) runs beside a GEMM, per step: an async
   all-to-all whose start and done have a GEMM scheduled between them in its computation (the optimized
@@ -39,18 +58,6 @@ def exchange_overlap(comps: dict[str, list[Any]], graph: Any, *, size: Callable[
     n = graph.runs.get(comp, 0.0)
     if not n or graph.in_branch.get(comp):
       continue
-    started: dict[str, tuple[int, int]] = {}  # an all-to-all-start's name -> (GEMMs before it, its bytes)
-    gemms = 0  # GEMMs scheduled so far
-    for ins in instrs:
-      if ins.opcode == "all-to-all" or ins.opcode == "all-to-all-start":
-        total += n * size(ins)
-        if ins.opcode == "all-to-all-start":
-          started[ins.name] = (gemms, size(ins))
-      elif ins.opcode == "all-to-all-done":
-        name = re.match(r"\s*%?([\w.\-]+)", ins.rest.split(",")[0].split(")")[0].lstrip("("))
-        start = started.pop(name.group(1), None) if name else None
-        if start is not None and gemms > start[0]:
-          beside += n * start[1]
-      elif gemm_kind(ins):
-        gemms += 1
+    total += n * sum(size(ins) for ins in instrs if ins.opcode in ("all-to-all", "all-to-all-start"))
+    beside += n * sum(size(start) for start, gemms in async_spans(instrs, "all-to-all", gemm_kind) if gemms)
   return {"exchange_bytes": total, "exchange_beside_gemm_bytes": beside}
