@@ -172,6 +172,56 @@ def _workload(**kw) -> st.Workload:
   return st.Workload(**(base | {"transfers": [], "hideable_flops": 0.0} | kw))
 
 
+def test_nccls_channels_are_its_searchs_for_each_group():
+  """The CTAs (one per channel, one SM each) NCCL's topology search and post-processing reach for a large
+  collective (`sms.py`): 24 inside 8 H100s and 32 inside a Blackwell domain (NCCL's own logs), one per NIC
+  of the group's GPUs in a node across nodes, doubled by the search when 4 or fewer or at 50 GB/s and more
+  each, doubled again after; an all-to-all over the p2p channels, the ring's count rounded up to a power of
+  2; host copies on the copy engines, none."""
+  from maxtext_moe.steptime.sms import ctas
+
+  h100, b200, gb300 = GPUS["h100"], GPUS["b200"], GPUS["gb300"]
+  assert [ctas("all-gather", 8, 1, g) for g in (h100, b200, gb300)] == [24, 32, 32]
+  # across nodes at 400 Gb/s per GPU: 8 GPUs of a node in the group 16 (NCCL's 2 x 8 H100 log), 1 GPU 4
+  assert [ctas("reduce-scatter", n * 16, 16, h100) for n in (1, 2, 4, 8)] == [4, 8, 16, 16]
+  assert ctas("all-gather", 128, 16, b200) == 16
+  # GB300's 800 Gb/s NICs: 8 channels at 96 GB/s, doubled by the search and after
+  assert ctas("all-gather", 256, 4, gb300) == 32
+  assert [ctas("all-to-all", n, d, h100) for n, d in ((8, 1), (2, 2), (24, 3))] == [32, 4, 16]
+  assert ctas("host", 1, 1, h100) == 0 and ctas("all-gather", 1, 1, h100) == 0
+
+
+def test_collectives_beside_the_compute_take_its_sms_for_their_time():
+  """While a collective runs beside the compute, the compute runs on the SMs its kernel leaves: t x CTAs /
+  SMs more compute for t seconds beside it; the part of the stream beyond the compute runs alone, the
+  exchange charges only what is hidden, with the workload's own kernels' SMs where it gives them."""
+  gpu = GPUS["h100"]
+  fsdp = st.Transfer("fsdp", "all-gather", 1e11, 16, 16, True)  # 16 nodes, one GPU each: 4 CTAs
+  host = st.Transfer("offload", "host", 1e11, 1, 1, True)
+  kw = {"flops": {"dense": 4e15}, "formats": {"dense": "bf16"}}
+  p = st.predict(_workload(**kw, transfers=[fsdp, host]), gpu)
+  compute = sum(v for k, v in p.parts.items() if "GEMMs (" in k)
+  seconds = p.parts["fsdp (overlapped)"]
+  assert seconds < compute
+  assert dict(p.exposed)["SMs held by collectives beside the compute"] == pytest.approx(seconds * 4 / 132)
+  assert p.step_s == pytest.approx(compute + seconds * 4 / 132)
+  # a stream longer than the compute: only its part beside the compute holds SMs from it
+  slow = st.Transfer("fsdp", "all-gather", 4e12, 16, 16, True)
+  p = st.predict(_workload(**kw, transfers=[slow]), gpu)
+  assert dict(p.exposed)["SMs held by collectives beside the compute"] == pytest.approx(compute * 4 / 132)
+  # the exchange: what the shared experts hide, at NCCL's 32 p2p channels inside a node or the kernels' own
+  ep = st.Transfer("ep", "all-to-all", 1e10, 8, 1, False)
+  kw = {"flops": {"dense": 4e15}, "transfers": [ep], "hideable_flops": 1e18}
+  for own, held in ((0.0, 32), (16.0, 16)):
+    p = st.predict(_workload(**kw, exchange_sms=own), gpu)
+    hidden = st.transfer_seconds(ep, gpu) + collective_latency_s("all-to-all", 8, 1)
+    assert dict(p.exposed)["ep"] == 0.0
+    assert dict(p.exposed)["SMs held by collectives beside the compute"] == pytest.approx(hidden * held / 132)
+  # nothing beside the compute, nothing held
+  p = st.predict(_workload(flops={"dense": 4e15}, transfers=[ep]), gpu)
+  assert "SMs held by collectives beside the compute" not in dict(p.exposed)
+
+
 def test_attention_backward_runs_at_its_own_efficiency_and_flop_count():
   gpu = GPUS["h100"]
   flops = 3e15  # MaxText's count: forward + 2 forwards of backward
@@ -213,12 +263,17 @@ def test_the_sixteen_published_points_and_their_order():
   assert by["11"]["predicted"] > by["6"]["predicted"] and by["12"]["predicted"] > by["11"]["predicted"]
   assert by["13"]["predicted"] > by["12"]["predicted"] and by["15"]["predicted"] > by["14"]["predicted"]
   assert by["16"]["predicted"] < by["6"]["predicted"] / 2
-  # the 26.06 features are in the parts: the exchange beside the GEMMs but for HybridEP's SMs, the fused
-  # MLP's activation and quantization gone from the memory-bound bytes, FP8 attention
+  # the 26.06 features are in the parts: the exchange beside the GEMMs, which run on the SMs HybridEP's
+  # kernels leave (16) and the data-parallel collectives' NCCL kernels leave (32 inside the B300s' domain),
+  # the fused MLP's activation and quantization gone from the memory-bound bytes, FP8 attention
   parts_11, parts_12 = by["11"]["parts_s"], by["12"]["parts_s"]
   beside = next(k for k in parts_12 if k.startswith("expert exchange beside GEMMs"))
   exchange = next(k for k in parts_11 if k.startswith("exposed: expert dispatch/combine"))
-  assert parts_12[beside] == pytest.approx(parts_11[exchange] * (1 - 16 / GPUS["b300"].sm_count), rel=1e-3)
+  gemms_12 = sum(v for k, v in parts_12.items() if "GEMMs (" in k)
+  assert parts_12[beside] == pytest.approx(min(parts_11[exchange], gemms_12), rel=1e-3)
+  data_parallel = sum(v for k, v in parts_12.items() if k.endswith("(overlapped)") and k != beside)
+  held = (parts_12[beside] * 16 + data_parallel * 32) / GPUS["b300"].sm_count
+  assert parts_12["exposed: SMs held by collectives beside the compute"] == pytest.approx(held, rel=1e-3)
   assert parts_12["memory-bound ops"] < 0.9 * parts_11["memory-bound ops"]
   assert "attention forward (fp8)" in parts_12 and "attention forward (bf16)" in parts_11
   # every point outside the target carries its reason in its row (bench timemodel --json), one sentence,

@@ -19,8 +19,8 @@ run's tokens per GPU), on the run's own layout:
 - launches: every kernel from the host (PyTorch eager) unless the whole iteration is one CUDA graph; a
   device-to-host sync per MoE layer and micro-batch (the grouped GEMM's sizes) unless it is;
 - Megatron's expert-parallel overlap (`moe_a2a_overlap`, `overlap_moe_expert_parallel_comm`): one
-  micro-batch's dispatch and combine run beside another's compute, hidden up to the GEMMs' time but for
-  the SMs its kernels hold (`ep_kernel_sms` of the GPU's: the model's `exchange_beside` at 1 - that share);
+  micro-batch's dispatch and combine run beside another's compute, hidden up to the GEMMs' time, the
+  compute beside it on the SMs its kernels leave (`ep_kernel_sms` of the GPU's, `sms.py`);
 - Transformer Engine's fused grouped MLP (`NVTE_CUTEDSL_FUSED_GROUPED_MLP`): the experts' gated activation
   and the quantization of their down projection's input in the first GEMM's epilogue (`counts.py`);
 - routing: a forced balance at 1.0, otherwise unmeasured (1.0, said so).
@@ -182,7 +182,8 @@ def external_workload(cfg: Any, leaves: list, lay: Layout, gpu: Any, label: str)
     memory_bytes=3 * tokens * (moe_b * moe_layers + dense_b * dense_layers),
     transfers=_transfers(cfg, leaves, lay, gpu, tokens, layers, moe_layers),
     hideable_flops=shared * 1e12,
-    exchange_beside=1.0 - constant("ep_kernel_sms") / gpu.sm_count if lay.a2a_overlap else 0.0,
+    exchange_beside=1.0 if lay.a2a_overlap else 0.0,
+    exchange_sms=constant("ep_kernel_sms"),
     host_syncs=0.0 if lay.graphs else moe_layers * micro * per_gpu,
     pipeline=Pipeline(lay.pp, lay.vpp, micro),
     attention_fwd_flops=flops["attention"] / 3,

@@ -17,7 +17,9 @@
                beside the compute (XLA's latency-hiding scheduler): only what exceeds the compute is exposed;
                the expert exchange (dispatch and combine) waits for the router and feeds the expert GEMMs:
                the share XLA:GPU schedules beside GEMMs (our rounds: measured in compiled programs by the
-               tokens' chunks, or `compile`'s own figure) and the shared experts' GEMMs hide it
+               tokens' chunks, or `compile`'s own figure) and the shared experts' GEMMs hide it; while a
+               collective runs beside the compute its kernel holds SMs the compute then lacks (`sms.py`:
+               NCCL's CTAs, t x CTAs / SMs of compute for t seconds beside it)
   host         host syncs (a conditional outside a command buffer, `compile`'s count) at a launch latency
                each; the gaps between kernels, in and outside command buffers (`launch.py`)
   bubble       pipeline stages (`Pipeline`): delay x (S - 1) / (virtual x microbatches) of the pipelined
@@ -38,7 +40,7 @@ import dataclasses
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
-from maxtext_moe.steptime import gemm, launch, spread
+from maxtext_moe.steptime import gemm, launch, sms, spread
 from maxtext_moe.steptime.constants import constant, host_link_gbs
 from maxtext_moe.steptime.latency import collective_latency_s
 
@@ -98,6 +100,7 @@ class Workload:
   imbalance: float = 1.0  # max/mean rows per EP rank (imbalance.py)
   host_syncs: float = 0.0
   exchange_beside: float = 0.0  # of the expert exchange, the share XLA:GPU runs beside GEMMs (`_beside_gemms`)
+  exchange_sms: float = 0.0  # SMs the exchange's kernels hold beside the compute (0: NCCL's CTAs, `sms.ctas`)
   pipeline: Pipeline = Pipeline()
   sources: dict[str, str] = dataclasses.field(default_factory=dict)  # where each part came from
 
@@ -185,20 +188,28 @@ def _compute(w: Workload, gpu: GpuModel) -> tuple[dict[str, float], float]:
   return parts, dense_rate or gpu.peak_tflops["bf16"] * 1e12 * gemm.class_efficiency(gpu, "bf16", None)
 
 
-def _transfers(w: Workload, gpu: GpuModel, parts: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-  """({exchange: seconds} waited for, {stream: seconds} beside the compute), NCCL's latency per launch
-  included; the overlapped ones are added to `parts`."""
+def _transfers(
+  w: Workload, gpu: GpuModel, parts: dict[str, float]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+  """({exchange: seconds} waited for, {stream: seconds} beside the compute, {stream or exchange: seconds of
+  the compute its kernels' SMs would take if it all ran beside it}), NCCL's latency per launch included; the
+  overlapped ones are added to `parts`."""
   exposed: dict[str, float] = {}
   streams: dict[str, float] = {}
+  held: dict[str, float] = {}
   for t in w.transfers:
     seconds = transfer_seconds(t, gpu) + t.count * collective_latency_s(t.kind, t.group, t.domains)
+    exchange = t.kind == "all-to-all" and not t.overlappable
+    ctas = w.exchange_sms if exchange and w.exchange_sms else sms.ctas(t.kind, t.group, t.domains, gpu)
     if t.overlappable:  # one stream for collectives, one for host copies
       stream = "host" if t.kind == "host" else "collectives"
       streams[stream] = streams.get(stream, 0.0) + seconds
       parts[f"{t.name} (overlapped)"] = seconds
     else:
       exposed[t.name] = exposed.get(t.name, 0.0) + seconds
-  return exposed, streams
+      stream = t.name
+    held[stream] = held.get(stream, 0.0) + seconds * ctas / gpu.sm_count
+  return exposed, streams, held
 
 
 def _beside_gemms(exchange_s: float, parts: dict[str, float], share: float) -> float:
@@ -213,15 +224,17 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   """The step time of `w` on `gpu`."""
   parts, dense_rate = _compute(w, gpu)
   compute = sum(parts.values())
-  exposed, streams = _transfers(w, gpu, parts)
+  exposed, streams, held = _transfers(w, gpu, parts)
   exchange = {t.name for t in w.transfers if t.kind == "all-to-all" and not t.overlappable}
   ep_total = sum(v for k, v in exposed.items() if k in exchange)
+  sms_held = 0.0  # of the compute, what the communication kernels beside it take (`sms.py`)
   if ep_total > 0:  # hidden: beside other chunks' expert GEMMs, then the shared experts'; in proportion
     beside = _beside_gemms(ep_total, parts, w.exchange_beside)
     if beside:
       parts[f"expert exchange beside GEMMs ({w.exchange_beside:.0%} of it) (overlapped)"] = beside
     hidden = beside + min(w.hideable_flops / dense_rate, ep_total - beside)
     exposed = {k: v * (1 - hidden / ep_total) if k in exchange else v for k, v in exposed.items()}
+    sms_held += sum(held.get(k, 0.0) for k in exchange) * hidden / ep_total
   if w.flops.get("grouped"):  # the expert GEMMs and the exchange wait for the busiest rank
     grouped = sum(v for k, v in parts.items() if k.startswith("grouped GEMMs"))
     name = f"routing imbalance (busiest EP rank {w.imbalance:.2f}x the mean)"
@@ -229,6 +242,10 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
       exposed[name] = (w.imbalance - 1.0) * (grouped + sum(v for k, v in exposed.items() if k in exchange))
     else:  # shown, not ranked among the exposed costs
       parts[name] = 0.0
+  if streams.get("collectives"):  # the part of the collectives' stream that runs beside the compute
+    sms_held += held["collectives"] * min(1.0, compute / streams["collectives"])
+  if sms_held:
+    exposed["SMs held by collectives beside the compute"] = sms_held
   for stream, seconds in streams.items():
     if seconds > compute:
       exposed[f"{'host offload copies' if stream == 'host' else 'FSDP/gradient collectives'} beyond the compute"] = (
