@@ -199,8 +199,6 @@ def _transfers(
   held: dict[str, float] = {}
   for t in w.transfers:
     seconds = transfer_seconds(t, gpu) + t.count * collective_latency_s(t.kind, t.group, t.domains)
-    exchange = t.kind == "all-to-all" and not t.overlappable
-    ctas = w.exchange_sms if exchange and w.exchange_sms else sms.ctas(t.kind, t.group, t.domains, gpu)
     if t.overlappable:  # one stream for collectives, one for host copies
       stream = "host" if t.kind == "host" else "collectives"
       streams[stream] = streams.get(stream, 0.0) + seconds
@@ -208,8 +206,14 @@ def _transfers(
     else:
       exposed[t.name] = exposed.get(t.name, 0.0) + seconds
       stream = t.name
+    ctas = w.exchange_sms if _is_exchange(t) and w.exchange_sms else sms.ctas(t.kind, t.group, t.domains, gpu)
     held[stream] = held.get(stream, 0.0) + seconds * ctas / gpu.sm_count
   return exposed, streams, held
+
+
+def _is_exchange(t: Transfer) -> bool:
+  """The expert exchange: an all-to-all the compute waits for (not the FSDP stream's)."""
+  return t.kind == "all-to-all" and not t.overlappable
 
 
 def _beside_gemms(exchange_s: float, parts: dict[str, float], share: float) -> float:
@@ -225,7 +229,7 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   parts, dense_rate = _compute(w, gpu)
   compute = sum(parts.values())
   exposed, streams, held = _transfers(w, gpu, parts)
-  exchange = {t.name for t in w.transfers if t.kind == "all-to-all" and not t.overlappable}
+  exchange = {t.name for t in w.transfers if _is_exchange(t)}
   ep_total = sum(v for k, v in exposed.items() if k in exchange)
   sms_held = 0.0  # of the compute, what the communication kernels beside it take (`sms.py`)
   if ep_total > 0:  # hidden: beside other chunks' expert GEMMs, then the shared experts'; in proportion
