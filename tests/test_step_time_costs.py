@@ -145,6 +145,31 @@ def test_collective_latency_is_nccls_ring_model():
   assert collective_latency_s("all-gather", 1, 1) == 0.0 and collective_latency_s("host", 8, 1) == 0.0
 
 
+def test_a_small_collective_takes_the_protocol_nccl_predicts_fastest():
+  """A large message keeps the Simple protocol's latency; a small one takes LL's (Ring: 6.6 us and 0.6 us a
+  step, 2.7 over the network or 5.0 where the group has one GPU per node; an all-reduce's tree: 6.8 us and
+  2 x (NVLink steps in a domain + log2 domains network levels at 5.0)), paying for LL's bandwidth (half the
+  Simple ring's, 1/3.8 of it for the tree)."""
+  us = 1e-6
+  simple = collective_latency_s("all-reduce", 256, 32)
+  assert simple == pytest.approx((8.4 + (510 - 62) * 3.4 + 62 * 14.0) * us)
+  assert collective_latency_s("all-reduce", 256, 32, 1.0) == simple  # a second of bandwidth: Simple
+  # MaxText's bias update: about 1 KB over 256 GPUs in 32 nodes, the tree at LL
+  assert collective_latency_s("all-reduce", 256, 32, 0.0) == pytest.approx((6.8 + 2 * (7 * 0.6 + 5 * 5.0)) * us)
+  assert collective_latency_s("all-gather", 16, 16, 0.0) == pytest.approx((6.6 + 15 * 5.0) * us)
+  assert collective_latency_s("all-gather", 8, 1, 0.0) == pytest.approx((6.6 + 7 * 0.6) * us)
+  assert collective_latency_s("reduce-scatter", 16, 2, 0.0) == pytest.approx((6.6 + 14 * 0.6 + 2.7) * us)
+  # LL's bandwidth counted: 10 us of Simple bandwidth per launch costs the ring LL 10 us more
+  ring_ll = (6.6 + 7 * 0.6) * us
+  assert collective_latency_s("all-gather", 8, 1, 10 * us) == pytest.approx(
+    min(ring_ll + 10 * us, (8.4 + 7 * 3.4) * us)
+  )
+  assert collective_latency_s("all-to-all", 32, 4, 0.0) == pytest.approx((8.4 + 14.0) * us)  # unchanged
+  for kind, g, r in (("all-reduce", 8, 1), ("all-gather", 64, 8), ("reduce-scatter", 16, 16)):
+    for bw in (0.0, 1e-5, 1e-3):
+      assert collective_latency_s(kind, g, r, bw) <= collective_latency_s(kind, g, r)
+
+
 def test_launch_gaps_follow_the_command_buffer_flag():
   assert launch.xla_command_types(["--xla_gpu_enable_command_buffer="]) == ()
   assert launch.xla_command_types(["--xla_foo=1"]) == launch.XLA_DEFAULT_COMMAND_TYPES

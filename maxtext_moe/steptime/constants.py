@@ -57,6 +57,29 @@ CONSTANTS: dict[str, Constant] = {
   "nccl_net_step_s": Constant(
     14.0e-6, "NCCL's tuning model (tuning.cc, hwLat[NET]): Ring, Simple, 14.0 us per ring step over the network"
   ),
+  "nccl_ll_base_latency_s": Constant(
+    6.6e-6, "NCCL's tuning model (tuning.cc:151, baseLatencies): Ring, LL protocol, 6.6 us per collective"
+  ),
+  "nccl_ll_tree_base_latency_s": Constant(
+    6.8e-6, "NCCL's tuning model (tuning.cc:151, baseLatencies): Tree, LL protocol, 6.8 us per all-reduce"
+  ),
+  "nccl_ll_nvlink_step_s": Constant(
+    0.6e-6, "NCCL's tuning model (tuning.cc:158, hwLatencies[NVLINK]): Ring and Tree, LL, 0.6 us per step"
+  ),
+  "nccl_ll_net_step_s": Constant(
+    2.7e-6, "NCCL's tuning model (tuning.cc:170, hwLatencies[NET]): Ring, LL, 2.7 us per step over the network"
+  ),
+  "nccl_ll_tree_net_step_s": Constant(
+    5.0e-6,
+    "NCCL's tuning model (tuning.cc:170, hwLatencies[NET]): Tree, LL, 5.0 us per level over the network (also "
+    "a ring's step where the group has one GPU per node: tuning.cc:387)",
+  ),
+  "nccl_ll_bandwidth": Constant(
+    0.5, "NCCL's tuning model (tuning.cc:327): the Ring LL protocol at half the Simple protocol's bus bandwidth"
+  ),
+  "nccl_ll_tree_bandwidth": Constant(
+    1.0 / 3.8, "NCCL's tuning model (tuning.cc:332): the Tree LL protocol at 1/3.8 of the tree's bus bandwidth"
+  ),
   "kernel_gap_stream_s": Constant(
     0.9e-6,
     "A. Gray, 'Getting Started with CUDA Graphs' (NVIDIA blog, 2019): back-to-back launches in a stream take "

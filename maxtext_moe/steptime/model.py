@@ -37,6 +37,7 @@ No constant here was fitted to a figure `bench timemodel` checks against.
 """
 
 import dataclasses
+import math
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
@@ -198,7 +199,9 @@ def _transfers(
   streams: dict[str, float] = {}
   held: dict[str, float] = {}
   for t in w.transfers:
-    seconds = transfer_seconds(t, gpu) + t.count * collective_latency_s(t.kind, t.group, t.domains)
+    bandwidth = transfer_seconds(t, gpu)
+    launch = bandwidth / t.count if t.count else math.inf
+    seconds = bandwidth + t.count * collective_latency_s(t.kind, t.group, t.domains, launch)
     if t.overlappable:  # one stream for collectives, one for host copies
       stream = "host" if t.kind == "host" else "collectives"
       streams[stream] = streams.get(stream, 0.0) + seconds
