@@ -46,6 +46,7 @@ from maxtext_moe.steptime.constants import constant, host_link_gbs
 from maxtext_moe.steptime.latency import collective_latency_s
 
 Shape = tuple[int, int, int, float]  # one GEMM: M, N, K and its share of its class's FLOPs
+Seconds = dict[str, float]  # seconds per line, stream or exchange
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,10 @@ class Transfer:
   overlappable: bool  # runs beside the compute (FSDP, gradients, offload) or waits for it (EP)
   count: float = 1.0  # launches per step
   network_bytes: float | None = None  # an all-to-all that forwards over NVLink: what crosses the network
+
+  @property
+  def exchange(self) -> bool:  # the expert exchange: an all-to-all the compute waits for
+    return self.kind == "all-to-all" and not self.overlappable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,15 +194,12 @@ def _compute(w: Workload, gpu: GpuModel) -> tuple[dict[str, float], float]:
   return parts, dense_rate or gpu.peak_tflops["bf16"] * 1e12 * gemm.class_efficiency(gpu, "bf16", None)
 
 
-def _transfers(
-  w: Workload, gpu: GpuModel, parts: dict[str, float]
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-  """({exchange: seconds} waited for, {stream: seconds} beside the compute, {stream or exchange: seconds of
-  the compute its kernels' SMs would take if it all ran beside it}), NCCL's latency per launch included; the
-  overlapped ones are added to `parts`."""
-  exposed: dict[str, float] = {}
-  streams: dict[str, float] = {}
-  held: dict[str, float] = {}
+def _transfers(w: Workload, gpu: GpuModel, parts: Seconds) -> tuple[Seconds, Seconds, Seconds]:
+  """(waited for, beside the compute per stream, per stream or exchange the compute its kernels' SMs take
+  if all of it ran beside it), NCCL's latency per launch included; the overlapped ones added to `parts`."""
+  exposed: Seconds = {}
+  streams: Seconds = {}
+  held: Seconds = {}
   for t in w.transfers:
     bandwidth = transfer_seconds(t, gpu)
     launch = bandwidth / t.count if t.count else math.inf
@@ -209,14 +211,9 @@ def _transfers(
     else:
       exposed[t.name] = exposed.get(t.name, 0.0) + seconds
       stream = t.name
-    ctas = w.exchange_sms if _is_exchange(t) and w.exchange_sms else sms.ctas(t.kind, t.group, t.domains, gpu)
+    ctas = w.exchange_sms if t.exchange and w.exchange_sms else sms.ctas(t.kind, t.group, t.domains, gpu)
     held[stream] = held.get(stream, 0.0) + seconds * ctas / gpu.sm_count
   return exposed, streams, held
-
-
-def _is_exchange(t: Transfer) -> bool:
-  """The expert exchange: an all-to-all the compute waits for (not the FSDP stream's)."""
-  return t.kind == "all-to-all" and not t.overlappable
 
 
 def _beside_gemms(exchange_s: float, parts: dict[str, float], share: float) -> float:
@@ -232,7 +229,7 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
   parts, dense_rate = _compute(w, gpu)
   compute = sum(parts.values())
   exposed, streams, held = _transfers(w, gpu, parts)
-  exchange = {t.name for t in w.transfers if _is_exchange(t)}
+  exchange = {t.name for t in w.transfers if t.exchange}
   ep_total = sum(v for k, v in exposed.items() if k in exchange)
   sms_held = 0.0  # of the compute, what the communication kernels beside it take (`sms.py`)
   if ep_total > 0:  # hidden: beside other chunks' expert GEMMs, then the shared experts'; in proportion
