@@ -264,3 +264,32 @@ def test_a_fractional_batch_per_gpu_plans_with_the_parameter_tree_of_a_whole_one
 
   path = str(recipes.recipe_path("cpu/deepseek3-tiny"))
   assert planning._leaves(path, ("per_device_batch_size=0.25",)) == planning._leaves(path, ())
+
+
+def test_vocab_tiling_plans_the_batch_gathered_one_chunk_and_no_head_in_a_layers_backward():
+  """num_vocab_tiling=3 at 3 sequences per GPU on 256 GPUs (MaxText refused it on the one-device tree, whose
+  batch is 1 sequence, before). MaxText's tiled loss takes the model's own head's logits out of a layer's
+  backward, but cuts its chunks from the whole batch flattened, which XLA:GPU re-splits by gathering every
+  device's hidden states: compiled, 97.4 GiB (the gathered bf16 [768, 4096, 7168] 42.0 GiB, the head
+  gathered whole, the MTP head's logits) where the planner said 61.5 before it counted them. The loss
+  phase is the gathered batch and head, a chunk's logits (float32 and bf16) and the MTP head's float32
+  buffer and bf16 logits; the cheapest fix is the loss untiled. Everything else in the estimate is the
+  same."""
+  import dataclasses
+
+  plan = memory_plan("h100x8/deepseek3-671b", ["per_device_batch_size=3"])
+  base = plan.base
+  tiled_plan = memory_plan("h100x8/deepseek3-671b", ["per_device_batch_size=3", "num_vocab_tiling=3"])
+  tiled = tiled_plan.base
+  t, v, d = base.tokens_per_step, 129280, 7168
+  gathered = (t * 256 + v) * d * 2  # the batch's hidden states and the head, bf16
+  assert base.logits_phase == t * v * (2 * 2 + 4)  # XLA:GPU: the main head's 2 bf16, the MTP head's float32
+  assert tiled.logits_phase == gathered + t // 3 * v * (4 + 2) + t * v * (4 + 2)
+  assert base.layer_phase - tiled.layer_phase == t * v * 2  # the model's head's bf16 gradient
+  changed = {"logits_phase", "layer_phase", "step_total", "device_total"}
+  same = lambda e: {k: v for k, v in dataclasses.asdict(e).items() if k not in changed}  # noqa: E731
+  assert same(tiled) == same(base)
+  assert tiled.step_total - base.step_total == tiled.logits_phase - max(base.logits_phase, base.layer_phase)
+  assert not tiled.fits and 90 < tiled.device_total / 2**30 < 100  # 97.4 compiled
+  assert (tiled_plan.fix_kind, tiled_plan.fix.overrides) == ("the loss untiled", ["num_vocab_tiling=1"])
+  assert tiled_plan.fix.device_total == base.device_total

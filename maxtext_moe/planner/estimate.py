@@ -25,7 +25,8 @@ The estimate (bytes per device; T = tokens per device, V = vocab, D = model dim,
   peak         the larger of two phases, each buffer counted as often as XLA keeps it live there
                (`xla_buffers`: XLA:GPU's counts for a GPU recipe, XLA:CPU's for a CPU one):
                  loss     float32 (the model's loss head's and each MTP head's) and compute-dtype T x V
-                          logits-sized buffers
+                          logits-sized buffers (`loss_phase.py`; with MaxText's vocab tiling a chunk of
+                          the model's head's, and the whole batch's hidden states gathered)
                  layer    the backward of one MoE layer while some logits-sized buffers are still live:
                             the larger of the experts' moment (R routed rows x D and x F at their largest,
                               S received rows x D, attention's q/k/v/output where the policy recomputes
@@ -68,7 +69,15 @@ import math
 from typing import Any
 
 from maxtext_moe.moe.layout import mesh_sizes
-from maxtext_moe.planner import layer_phase, layer_weights, saved_activations, stages, update_phase, xla_buffers
+from maxtext_moe.planner import (
+  layer_phase,
+  layer_weights,
+  loss_phase,
+  saved_activations,
+  stages,
+  update_phase,
+  xla_buffers,
+)
 from maxtext_moe.planner.layer_phase import dtype_bytes, experts_recomputed, opt_slots, our_block
 from maxtext_moe.planner.shards import mesh_axes_of, tensor_ways
 
@@ -188,17 +197,6 @@ def batch_tokens(cfg: Any, sizes: dict[str, int], rules: list, num_devices: int)
   return int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // max(batch_shards, 1)
 
 
-def _logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies) -> tuple[int, int]:
-  """(the loss phase's logits-sized buffers, those still live in a layer's backward): per loss head, the
-  model's and each multi-token-prediction layer's."""
-  vocab, narrow = int(cfg.vocab_size), d_b if d_b < 4 else 0
-  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  f32_logits = copies.loss_f32_logits + copies.loss_f32_logits_per_mtp_head * mtp
-  loss = tokens * vocab * (f32_logits * 4 + copies.loss_narrow_logits * narrow)
-  layer = tokens * vocab * (copies.layer_f32_logits * 4 + copies.layer_narrow_logits_per_head * (1 + mtp) * narrow)
-  return loss, layer
-
-
 def estimate(
   cfg: Any,
   leaves: list,
@@ -221,7 +219,8 @@ def estimate(
   one = layer_weights.of(leaves, rules, sizes, moe_model=int(cfg.num_experts) > 1, in_block=our_block(cfg))
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
-  logits_phase, layer_logits = _logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_config(cfg))
+  whole = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // (pipe.stages if pipe else 1)
+  logits_phase, layer_logits = loss_phase.logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_config(cfg), whole)
   layers = stages.outside_layer_counts(cfg, pipe)
   saved, saved_host = saved_activations.total(
     cfg, outside_tokens, d_b, outside.rows, recomputed=recomputed, layers=layers

@@ -152,7 +152,10 @@ def _candidates(cfg: Any, ctx: Planning) -> Iterable[tuple[str, list[str]]]:
   """Changes in the order we consider them cheapest, each one the recipe can take (a recipe that loads weights
   is never offered the presets that move the layer axis, `offload.takes`): offload presets, then EP/FSDP
   splits of the same devices (each axis kept within its ICI/DCN side), the forward recomputed (full remat
-  for a custom policy), smaller micro-batches, then more nodes."""
+  for a custom policy), smaller micro-batches, then more nodes. First of all the loss untiled, where it is
+  tiled: MaxText's vocab tiling gathers the whole batch's hidden states on every device (`loss_phase`)."""
+  if int(getattr(cfg, "num_vocab_tiling", 1) or 1) > 1:
+    yield "the loss untiled", ["num_vocab_tiling=1"]
   current = [p.value for p in OffloadPreset]
   start = current.index(cfg.offload.value) + 1 if cfg.offload else 0
   for preset in current[start:]:

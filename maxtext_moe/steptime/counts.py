@@ -104,6 +104,15 @@ def recompute_tflops(cfg: Any, tokens: int, layers: int, moe_layers: int) -> tup
   return out, "remat_policy custom: recomputes " + (", ".join(names) or "nothing")
 
 
+def head_rerun_tflops(cfg: Any, tokens: int, full: bool) -> float:
+  """TFLOPs per step of the output head's forward run again: MaxText's vocab tiling (`num_vocab_tiling` > 1)
+  computes each chunk's logits again in its backward (`vocab_tiling_nnx_loss`). Under `full` remat the
+  caller's whole-forward-again already counts the head's forward (MaxText's remat covers the decoder layers
+  only, so without tiling that share is not run: an over-count of 2 x D x V per token left as it was)."""
+  tiled = int(getattr(cfg, "num_vocab_tiling", 1) or 1) > 1
+  return 2 * tokens * int(cfg.emb_dim) * int(cfg.vocab_size) / 1e12 if tiled and not full else 0.0
+
+
 QUANT_BYTES = {"fp8": 5, "mxfp8": 4, "bf16": 0}  # per element quantized: amax read + read + write; MX: read + 2 writes
 # A GEMM epilogue that writes the next GEMM's input: bytes per element (bf16; FP8 one copy; MXFP8 row- and
 # column-wise copies for the forward and the weight gradient).

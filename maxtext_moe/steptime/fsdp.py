@@ -10,7 +10,9 @@ block's expert weights are gathered as FP8 codes under moe_gemm_quantization=fp8
 pipeline stages (`planner/stages.py`) a pipelined layer's weights are gathered per iteration and layer of
 the stage, bubble included: MaxText hands each iteration its stage's weights still split over FSDP
 (`NNXPipeline.get_current_stage_weights`), and the layer gathers them as without stages; their gradients
-are reduce-scattered per iteration likewise (the gather's transpose, inside the scan's backward).
+are reduce-scattered per iteration likewise (the gather's transpose, inside the scan's backward). With
+vocab tiling the output head is gathered per chunk (`head_runs`), and the batch's hidden states whole
+(`_tiled_loss_gathers`).
 """
 
 import math
@@ -64,8 +66,19 @@ def param_splits(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages
       continue
     kept, gathered, domains = _split(names, rules, sides, in_block=in_block)
     launches = shape[names.index("layers")] if "layers" in names else 1
-    out.append((total / kept, gathered, domains, launches, total / kept / gathered, True, wire))
+    runs = head_runs(cfg, path)
+    out.append((total / kept * runs, gathered, domains, launches * runs, total / kept / gathered, True, wire))
   return out
+
+
+def head_runs(cfg: Any, path: tuple[str, ...]) -> int:
+  """How many times a step gathers leaf `path` per pass: with `num_vocab_tiling` n > 1 the output head is
+  gathered in each of the tiled loss's n chunks, in its forward scan and again in its backward's (its
+  gradient reduce-scattered per chunk likewise): XLA:GPU's 16B-proxy program at n = 4 gathers it inside
+  both loops' bodies. Every other leaf, and the head without tiling: once."""
+  tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+  head = ("decoder", "logits_dense") if not bool(getattr(cfg, "logits_via_embedding", False)) else ("token_embedder",)
+  return tiles if tiles > 1 and tuple(path[1 : 1 + len(head)]) == head else 1
 
 
 def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages, in_block: bool) -> list[tuple]:
@@ -104,9 +117,28 @@ def transfers(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages | 
     shard = sum(row[4] for row in splits)
     name = f"gradient all-reduce x{data_ici * data_dcn} (data)"
     out.append(Transfer(name, "all-reduce", shard, data_ici * data_dcn, data_dcn, True))
+  out += _tiled_loss_gathers(cfg, rules, sides)
   if pipe is not None:  # outside the pipeline `stage` splits the batch like data: their gradients summed
     stage_ici, stage_dcn = sides.get("stage", (1, 1))
     shard = sum(row[4] for row in splits if row[5])
     name = f"gradient all-reduce x{pipe.stages} (stage: the weights outside the pipeline)"
     out.append(Transfer(name, "all-reduce", shard, stage_ici * stage_dcn, stage_dcn, True))
   return out
+
+
+def _tiled_loss_gathers(cfg: Any, rules: list, sides: Sides) -> list[Transfer]:
+  """MaxText's vocab tiling (`num_vocab_tiling` > 1) cuts its chunks from the whole batch flattened, which
+  XLA:GPU re-splits by gathering every device's hidden states (`planner/loss_phase.logits_bytes`): the
+  671B's program at 256 GPUs gathers the bf16 [768, 4096, 7168] twice a step (forward and backward),
+  waited for. None without tiling."""
+  if int(getattr(cfg, "num_vocab_tiling", 1) or 1) <= 1:
+    return []
+  group = domains = 1
+  for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0]:
+    ici, dcn = sides.get(axis, (1, 1))
+    group, domains = group * ici * dcn, domains * dcn
+  if group <= 1:
+    return []
+  whole = float(cfg.per_device_batch_size) * int(cfg.max_target_length) * group * int(cfg.emb_dim)
+  name = f"vocab tiling: the batch's hidden states gathered x{group}"
+  return [Transfer(name, "all-gather", 2 * whole * dtype_bytes(cfg.dtype), group, domains, False, 2)]

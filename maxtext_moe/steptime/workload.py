@@ -2,10 +2,10 @@
 
 - FLOPs: MaxText's own count (`calculate_tflops_training_per_device`), split into the routed experts'
   grouped GEMMs, the other GEMMs and attention by MaxText's helpers, plus the forward the remat policy
-  recomputes (`full`: the whole forward again; `custom`: each tensor set to `remat`).
+  recomputes (`full`: the whole forward again; `custom`: each tensor set to `remat`; vocab tiling: the head).
 - Number formats: the dense GEMMs' from MaxText's `quantization` (the unembedding, and the router under our
-  block, stay bf16: with FP8 dense GEMMs they are their own class, `head`),
-  the grouped GEMMs' from `te_gmm_quantization` (MaxText's TE block) or `moe_gemm_quantization` (ours).
+  block, stay bf16: with FP8 dense GEMMs their own class, `head`), the grouped GEMMs' from
+  `te_gmm_quantization` (MaxText's TE block) or `moe_gemm_quantization` (ours).
 - Memory-bound ops, per token and layer in the forward (the backward twice that), in activation elements:
   2 norms (read + write D each), 2 residual adds (3 D each), q/k/v/out around RoPE and the attention
   kernel (2 H (2 qk + v)), and for an MoE layer the router (2 E), the permutation and its inverse
@@ -17,8 +17,7 @@
   backward, over the mesh axes that shard it except the experts' axis on its expert dimension and the
   tensor axes, and its gradient reduce-scattered over the same group, both in the compute dtype (as
   XLA:GPU's compiled programs do), then all-reduced over `data`.
-- Pipeline stages (`stage_costs.py`): the pipelined layers' GEMMs at a microbatch's rows, their weights
-  gathered per iteration, the stage sends, the bubble.
+- Pipeline stages (`stage_costs.py`): GEMMs at a microbatch's rows, weights gathered per iteration, sends, bubble.
 - The expert exchange: dispatch and combine per MoE layer in the forward, their transposes in the
   backward, and again in the recomputed forward under `full`; rows per GPU: te_ep and MaxText's TE block
   send a token once per destination rank (`model.unique_ranks`), all_to_all its padded receive
@@ -58,7 +57,7 @@ from maxtext_moe.planner.shards import TENSOR_AXES, tensor_ways
 from maxtext_moe.planner.stages import Stages, outside_layer_counts, saved_bytes
 from maxtext_moe.steptime import fsdp, launch, stage_costs
 from maxtext_moe.steptime.constants import exchange_beside
-from maxtext_moe.steptime.counts import memory_bytes_per_token, recompute_tflops, value_of
+from maxtext_moe.steptime.counts import head_rerun_tflops, memory_bytes_per_token, recompute_tflops, value_of
 from maxtext_moe.steptime.imbalance import UNMEASURED, Imbalance
 from maxtext_moe.steptime.model import Transfer, Workload, unique_ranks
 
@@ -136,6 +135,8 @@ def _flops(cfg: Any, step: _Step) -> tuple[dict[str, float], float, float, float
     per_token = int(cfg.vocab_size) + int(cfg.num_experts) * step.moe_layers * router_bf16
     model["head"] = min(6 * step.tokens * int(cfg.emb_dim) * per_token / 1e12, model["dense"])
     model["dense"] -= model["head"]
+  head = "head" if "head" in model else "dense"
+  recompute[head] = recompute.get(head, 0.0) + head_rerun_tflops(cfg, step.tokens, step.full)
   flops = {cls: (tf * scale + recompute.get(cls, 0.0)) * 1e12 for cls, tf in model.items()}
   attention_fwd = flops["attention"] - 2 / 3 * attention * 1e12
   return flops, total, shared, attention_fwd, f"{note}: {sum(flops.values()) / 1e12 - total:,.0f} TFLOP"

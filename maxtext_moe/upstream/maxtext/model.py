@@ -42,6 +42,7 @@ ONE_DEVICE_OVERRIDES = [
   # the tree does not depend on the batch: a fractional per_device_batch_size (a job's 0.25 x 1,024 GPUs)
   # is 0 sequences on one device, which MaxText's routing divides by
   "per_device_batch_size=1",
+  "num_vocab_tiling=1",  # MaxText checks it divides the batch's tokens, 1 x max_target_length here
   "attention=dot_product",  # the parameter tree does not depend on the kernel; cuDNN's needs TE to trace
   # MaxText's TE MoE block needs TE to trace; the tree of its parameters is the same size unfused
   "te_moe_block=false",
