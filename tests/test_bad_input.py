@@ -55,6 +55,7 @@ CASES = [
     "use ici_tensor_parallelism=4",
   ),
   ("two_auto_axes", ["train", "ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
+  ("vocab_tiles", ["train", "num_vocab_tiling=3"], "num_vocab_tiling=3 must divide a device's tokens, "),
   (
     "dcn_degree_on_one_process",
     ["train", "dcn_expert_parallelism=2"],

@@ -236,6 +236,21 @@ def check_sequence_length(cfg: Any) -> None:
     raise ValueError(f"max_target_length={length} must be at least 1 (tokens per training sequence)")
 
 
+def check_vocab_tiling(cfg: Any) -> None:
+  """MaxText's tiled loss cuts a device's tokens into `num_vocab_tiling` chunks: MaxText refuses a count
+  that does not divide them without saying which would (its validator's ValueError, which the resolution
+  replaces with this line)."""
+  tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+  tokens = float(cfg.per_device_batch_size) * int(cfg.max_target_length)
+  if tiles > 1 and tokens > 0 and tokens % tiles:
+    fits = [n for n in (2, 4, 8, 16) if tokens % n == 0]
+    raise ValueError(
+      f"num_vocab_tiling={tiles} must divide a device's tokens, per_device_batch_size x max_target_length = "
+      f"{tokens:,g}; use {fits[0] if fits else 1}, or 1 (untiled: on many GPUs MaxText's tiling gathers the "
+      "whole batch on each, which `maxtext-moe plan` counts)"
+    )
+
+
 ALL_CHECKS = (
   check_run_name,
   check_sequence_length,
