@@ -56,6 +56,7 @@ CASES = [
   ),
   ("two_auto_axes", ["train", "ici_expert_parallelism=-1"], "at most one ici_*_parallelism may be -1"),
   ("vocab_tiles", ["train", "num_vocab_tiling=3"], "num_vocab_tiling=3 must divide a device's tokens, "),
+  ("vocab_tiles_zero", ["train", "num_vocab_tiling=0"], "num_vocab_tiling=0 must be 1 (the loss untiled) or "),
   (
     "dcn_degree_on_one_process",
     ["train", "dcn_expert_parallelism=2"],

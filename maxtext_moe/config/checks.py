@@ -238,9 +238,11 @@ def check_sequence_length(cfg: Any) -> None:
 
 def check_vocab_tiling(cfg: Any) -> None:
   """MaxText's tiled loss cuts a device's tokens into `num_vocab_tiling` chunks: MaxText refuses a count
-  that does not divide them without saying which would (its validator's ValueError, which the resolution
-  replaces with this line)."""
-  tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+  that does not divide them without saying which would, and divides by 0 (a ZeroDivisionError from its
+  validator): the resolution runs this before it."""
+  tiles = int(getattr(cfg, "num_vocab_tiling", 1))
+  if tiles < 1:
+    raise ValueError(f"num_vocab_tiling={tiles} must be 1 (the loss untiled) or a number of chunks above 1")
   tokens = float(cfg.per_device_batch_size) * int(cfg.max_target_length)
   if tiles > 1 and tokens > 0 and tokens % tiles:
     fits = [n for n in (2, 4, 8, 16) if tokens % n == 0]

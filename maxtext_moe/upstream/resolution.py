@@ -57,14 +57,12 @@ class MoEMaxTextConfig(PluginKeys, mt.MaxTextConfig):
   def set_derived_and_validate_values(self) -> "MoEMaxTextConfig":
     """MaxText's derivations (this name replaces its validator); where it asserts, pipeline stages that do not
     divide the pipelined layers are one line naming what to set (`stage_checks.check_pipeline_divides_layers`),
-    and so is a vocab tiling that does not divide a device's tokens (`checks.check_vocab_tiling`)."""
+    and, before them, a vocab tiling MaxText refuses without a fix or divides by (`checks.check_vocab_tiling`)."""
+    checks.check_vocab_tiling(self)
     try:
       return mt.MaxTextConfig.set_derived_and_validate_values(self)
     except AssertionError:
       stage_checks.check_pipeline_divides_layers(self)
-      raise
-    except ValueError:
-      checks.check_vocab_tiling(self)
       raise
 
   @pydantic.model_validator(mode="after")
