@@ -68,7 +68,7 @@ import dataclasses
 import math
 from typing import Any
 
-from maxtext_moe.moe.layout import mesh_sizes
+from maxtext_moe.moe.layout import mesh_sides, mesh_sizes
 from maxtext_moe.planner import (
   layer_phase,
   layer_weights,
@@ -220,6 +220,7 @@ def estimate(
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
   whole = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // (pipe.stages if pipe else 1)
+  whole *= loss_phase.tiled_batch_gathered(cfg, mesh_sides(cfg, num_devices))
   logits_phase, layer_logits = loss_phase.logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_config(cfg), whole)
   layers = stages.outside_layer_counts(cfg, pipe)
   saved, saved_host = saved_activations.total(

@@ -20,6 +20,7 @@ from typing import Any
 
 from maxtext_moe.moe.layout import fp8_gathered
 from maxtext_moe.planner.layer_phase import dtype_bytes, our_block
+from maxtext_moe.planner.loss_phase import tiled_batch_gathered
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.stages import Stages
 from maxtext_moe.steptime.model import Transfer
@@ -127,18 +128,15 @@ def transfers(cfg: Any, leaves: list, rules: list, sides: Sides, pipe: Stages | 
 
 
 def _tiled_loss_gathers(cfg: Any, rules: list, sides: Sides) -> list[Transfer]:
-  """MaxText's vocab tiling (`num_vocab_tiling` > 1) cuts its chunks from the whole batch flattened, which
-  XLA:GPU re-splits by gathering every device's hidden states (`planner/loss_phase.logits_bytes`): the
-  671B's program at 256 GPUs gathers the bf16 [768, 4096, 7168] twice a step (forward and backward),
-  waited for. None without tiling."""
-  if int(getattr(cfg, "num_vocab_tiling", 1) or 1) <= 1:
+  """The whole batch's hidden states gathered on every device for MaxText's tiled loss, where XLA does that
+  (`planner.loss_phase.tiled_batch_gathered`): the 671B's program at 256 GPUs gathers the bf16
+  [768, 4096, 7168] twice a step (forward and backward), waited for."""
+  if not tiled_batch_gathered(cfg, sides):
     return []
   group = domains = 1
   for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0]:
     ici, dcn = sides.get(axis, (1, 1))
     group, domains = group * ici * dcn, domains * dcn
-  if group <= 1:
-    return []
   whole = float(cfg.per_device_batch_size) * int(cfg.max_target_length) * group * int(cfg.emb_dim)
   name = f"vocab tiling: the batch's hidden states gathered x{group}"
   return [Transfer(name, "all-gather", 2 * whole * dtype_bytes(cfg.dtype), group, domains, False, 2)]
