@@ -248,7 +248,7 @@ def check_vocab_tiling(cfg: Any) -> None:
     fits = [n for n in (2, 4, 8, 16) if tokens % n == 0]
     raise ValueError(
       f"num_vocab_tiling={tiles} must divide a device's tokens, per_device_batch_size x max_target_length = "
-      f"{tokens:,g}; use {fits[0] if fits else 1}, or 1 (untiled: on many GPUs MaxText's tiling gathers the "
+      f"{tokens:,g}; use {fits[0] if fits else 1}, or 1 (untiled: across nodes MaxText's tiling gathers the "
       "whole batch on each, which `maxtext-moe plan` counts)"
     )
 

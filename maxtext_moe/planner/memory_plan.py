@@ -153,7 +153,8 @@ def _candidates(cfg: Any, ctx: Planning) -> Iterable[tuple[str, list[str]]]:
   is never offered the presets that move the layer axis, `offload.takes`): offload presets, then EP/FSDP
   splits of the same devices (each axis kept within its ICI/DCN side), the forward recomputed (full remat
   for a custom policy), smaller micro-batches, then more nodes. First of all the loss untiled, where it is
-  tiled: MaxText's vocab tiling gathers the whole batch's hidden states on every device (`loss_phase`)."""
+  tiled: across nodes MaxText's vocab tiling gathers the whole batch's hidden states on each device
+  (`loss_phase`)."""
   if int(getattr(cfg, "num_vocab_tiling", 1) or 1) > 1:
     yield "the loss untiled", ["num_vocab_tiling=1"]
   current = [p.value for p in OffloadPreset]
