@@ -4,6 +4,7 @@ to the step's peak; docs/planner.md, "MaxText's vocab tiling")."""
 from typing import Any
 
 from maxtext_moe.planner import xla_buffers
+from maxtext_moe.planner.shards import mesh_axes_of
 
 
 def logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies, batch: int) -> tuple[int, int]:
@@ -45,7 +46,5 @@ def tiled_batch_gathered(cfg: Any, sides: dict[str, tuple[int, int]]) -> bool:
   share."""
   if int(getattr(cfg, "num_vocab_tiling", 1) or 1) <= 1:
     return False
-  from maxtext_moe.planner.shards import mesh_axes_of  # pylint: disable=import-outside-toplevel
-
   rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
   return any(sides.get(axis, (1, 1))[1] > 1 for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0])
