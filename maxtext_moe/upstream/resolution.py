@@ -55,9 +55,7 @@ class MoEMaxTextConfig(PluginKeys, mt.MaxTextConfig):
 
   @pydantic.model_validator(mode="after")
   def set_derived_and_validate_values(self) -> "MoEMaxTextConfig":
-    """MaxText's derivations (this name replaces its validator); where it asserts, pipeline stages that do not
-    divide the pipelined layers are one line naming what to set (`stage_checks.check_pipeline_divides_layers`),
-    and, before them, a vocab tiling MaxText refuses without a fix or divides by (`checks.check_vocab_tiling`)."""
+    """MaxText's derivations under its validator's name: `check_vocab_tiling` first, stage errors as one line."""
     checks.check_vocab_tiling(self)
     try:
       return mt.MaxTextConfig.set_derived_and_validate_values(self)
