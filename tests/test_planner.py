@@ -271,7 +271,7 @@ def test_vocab_tiling_plans_the_batch_gathered_one_chunk_and_no_head_in_a_layers
   batch is 1 sequence, before). MaxText's tiled loss takes the model's own head's logits out of a layer's
   backward, but cuts its chunks from the whole batch flattened, which XLA:GPU re-splits by gathering every
   device's hidden states: compiled, 97.4 GiB (the gathered bf16 [768, 4096, 7168] 42.0 GiB, the head
-  gathered whole, the MTP head's logits) where the planner said 61.5 before it counted them. The loss
+  gathered whole, the MTP head's logits) where the planner read the key as untiled (64.4). The loss
   phase is the gathered batch and head, a chunk's logits (float32 and bf16) and the MTP head's float32
   buffer and bf16 logits; the cheapest fix is the loss untiled. Everything else in the estimate is the
   same."""

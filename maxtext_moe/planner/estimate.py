@@ -220,7 +220,7 @@ def estimate(
   ep, recomputed = sizes.get("expert", 1), experts_recomputed(cfg, dispatch)
   outside = layer_phase.of(cfg, one, outside_tokens, ep=ep, dispatch=dispatch)
   whole = int(cfg.per_device_batch_size * num_devices) * int(cfg.max_target_length) // (pipe.stages if pipe else 1)
-  whole *= loss_phase.tiled_batch_gathered(cfg, mesh_sides(cfg, num_devices))
+  whole *= loss_phase.tiled_batch_gathered(cfg, rules, mesh_sides(cfg, num_devices))
   logits_phase, layer_logits = loss_phase.logits_bytes(cfg, outside_tokens, d_b, xla_buffers.for_config(cfg), whole)
   layers = stages.outside_layer_counts(cfg, pipe)
   saved, saved_host = saved_activations.total(

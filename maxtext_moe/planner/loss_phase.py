@@ -25,11 +25,11 @@ def logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies, ba
   chunk's logits (a float32 and a compute-dtype copy), each MTP head's float32 buffer and logits."""
   vocab, narrow = int(cfg.vocab_size), d_b if d_b < 4 else 0
   mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+  n = tiles(cfg)
   heads = tokens * vocab * copies.loss_f32_logits_per_mtp_head * 4 * mtp
-  if tiles > 1:
+  if n > 1:
     gathered = (batch + vocab) * int(cfg.emb_dim) * d_b
-    chunk = tokens // tiles * vocab * (4 + narrow)
+    chunk = tokens // n * vocab * (4 + narrow)
     return gathered + chunk + heads + tokens * vocab * narrow * mtp, tokens * vocab * (
       copies.layer_narrow_logits_per_head * mtp * narrow
     )
@@ -38,13 +38,24 @@ def logits_bytes(cfg: Any, tokens: int, d_b: int, copies: xla_buffers.Copies, ba
   return main + heads, layer
 
 
-def tiled_batch_gathered(cfg: Any, sides: dict[str, tuple[int, int]]) -> bool:
+def tiles(cfg: Any) -> int:
+  """The tiled loss's chunks (`num_vocab_tiling`), 1 untiled."""
+  return int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+
+
+def batch_split(rules: list, sides: dict[str, tuple[int, int]]) -> tuple[int, int]:
+  """(GPUs the loss's batch is split over, NVLink domains they span): its logical batch axis's mesh axes."""
+  group = domains = 1
+  for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0]:
+    ici, dcn = sides.get(axis, (1, 1))
+    group, domains = group * ici * dcn, domains * dcn
+  return group, domains
+
+
+def tiled_batch_gathered(cfg: Any, rules: list, sides: dict[str, tuple[int, int]]) -> bool:
   """Whether XLA gathers the whole batch's hidden states on every device for MaxText's tiled loss: where
   the batch is split across NVLink domains. Read off three programs: the 671B over 32 H100 nodes (the
   batch over FSDP 16 x EP 16, both across nodes) gathers them whole; one node's (the 16B proxy, FSDP 4 x
   EP 2) and XLA:CPU's 8 devices re-split them with all-to-alls and collective-permutes of each device's
   share."""
-  if int(getattr(cfg, "num_vocab_tiling", 1) or 1) <= 1:
-    return False
-  rules = [(n, tuple(a) if isinstance(a, list) else a) for n, a in cfg.logical_axis_rules]
-  return any(sides.get(axis, (1, 1))[1] > 1 for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0])
+  return tiles(cfg) > 1 and batch_split(rules, sides)[1] > 1

@@ -16,7 +16,7 @@ from maxtext_moe.config.nodes import global_batch
 from maxtext_moe.config.offload import OffloadPreset
 from maxtext_moe.errors import UserError
 from maxtext_moe.moe.layout import mesh_sizes
-from maxtext_moe.planner import divisibility
+from maxtext_moe.planner import divisibility, loss_phase
 from maxtext_moe.planner.estimate import EDGE, GIB, Estimate
 from maxtext_moe.planner.planning import Planning, estimate_of, planning, resolved
 
@@ -155,7 +155,7 @@ def _candidates(cfg: Any, ctx: Planning) -> Iterable[tuple[str, list[str]]]:
   for a custom policy), smaller micro-batches, then more nodes. First of all the loss untiled, where it is
   tiled: across nodes MaxText's vocab tiling gathers the whole batch's hidden states on each device
   (`loss_phase`)."""
-  if int(getattr(cfg, "num_vocab_tiling", 1) or 1) > 1:
+  if loss_phase.tiles(cfg) > 1:
     yield "the loss untiled", ["num_vocab_tiling=1"]
   current = [p.value for p in OffloadPreset]
   start = current.index(cfg.offload.value) + 1 if cfg.offload else 0

@@ -4,6 +4,7 @@ policy recomputes) and the memory-bound ops' bytes (`workload` multiplies them b
 from typing import Any
 
 from maxtext_moe.planner.estimate import dtype_bytes
+from maxtext_moe.planner.loss_phase import tiles
 from maxtext_moe.planner.saved_activations import value_of
 
 _REMAT_NAMES = (
@@ -109,7 +110,7 @@ def head_rerun_tflops(cfg: Any, tokens: int, full: bool) -> float:
   computes each chunk's logits again in its backward (`vocab_tiling_nnx_loss`). Under `full` remat the
   caller's whole-forward-again already counts the head's forward (MaxText's remat covers the decoder layers
   only, so without tiling that share is not run: an over-count of 2 x D x V per token left as it was)."""
-  tiled = int(getattr(cfg, "num_vocab_tiling", 1) or 1) > 1
+  tiled = tiles(cfg) > 1
   return 2 * tokens * int(cfg.emb_dim) * int(cfg.vocab_size) / 1e12 if tiled and not full else 0.0
 
 

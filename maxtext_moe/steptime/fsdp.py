@@ -20,7 +20,7 @@ from typing import Any
 
 from maxtext_moe.moe.layout import fp8_gathered
 from maxtext_moe.planner.layer_phase import dtype_bytes, our_block
-from maxtext_moe.planner.loss_phase import tiled_batch_gathered
+from maxtext_moe.planner.loss_phase import batch_split, tiled_batch_gathered, tiles
 from maxtext_moe.planner.shards import mesh_axes_of, stays_split
 from maxtext_moe.planner.stages import Stages
 from maxtext_moe.steptime.model import Transfer
@@ -77,9 +77,9 @@ def head_runs(cfg: Any, path: tuple[str, ...]) -> int:
   gathered in each of the tiled loss's n chunks, in its forward scan and again in its backward's (its
   gradient reduce-scattered per chunk likewise): XLA:GPU's 16B-proxy program at n = 4 gathers it inside
   both loops' bodies. Every other leaf, and the head without tiling: once."""
-  tiles = int(getattr(cfg, "num_vocab_tiling", 1) or 1)
+  n = tiles(cfg)
   head = ("decoder", "logits_dense") if not bool(getattr(cfg, "logits_via_embedding", False)) else ("token_embedder",)
-  return tiles if tiles > 1 and tuple(path[1 : 1 + len(head)]) == head else 1
+  return n if n > 1 and tuple(path[1 : 1 + len(head)]) == head else 1
 
 
 def _pipelined_rows(layer: float, names: tuple, rules: list, sides: Sides, pipe: Stages, in_block: bool) -> list[tuple]:
@@ -131,12 +131,9 @@ def _tiled_loss_gathers(cfg: Any, rules: list, sides: Sides) -> list[Transfer]:
   """The whole batch's hidden states gathered on every device for MaxText's tiled loss, where XLA does that
   (`planner.loss_phase.tiled_batch_gathered`): the 671B's program at 256 GPUs gathers the bf16
   [768, 4096, 7168] twice a step (forward and backward), waited for."""
-  if not tiled_batch_gathered(cfg, sides):
+  if not tiled_batch_gathered(cfg, rules, sides):
     return []
-  group = domains = 1
-  for axis in mesh_axes_of(("activation_embed_and_logits_batch",), rules)[0]:
-    ici, dcn = sides.get(axis, (1, 1))
-    group, domains = group * ici * dcn, domains * dcn
+  group, domains = batch_split(rules, sides)
   whole = float(cfg.per_device_batch_size) * int(cfg.max_target_length) * group * int(cfg.emb_dim)
   name = f"vocab tiling: the batch's hidden states gathered x{group}"
   return [Transfer(name, "all-gather", 2 * whole * dtype_bytes(cfg.dtype), group, domains, False, 2)]
