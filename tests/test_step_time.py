@@ -194,6 +194,11 @@ def test_plan_time_as_a_user_runs_it(capfd):
   assert t["step_s"] > 0 and t["tflops_per_gpu"] == pytest.approx(tflops / t["step_s"], rel=1e-3)
   assert "analytic" in t["sources"]["collectives"] and len(t["exposed_s"]) <= 3
   assert sum(t["parts_s"][k] for k in t["parts_s"] if "(overlapped)" not in k) == pytest.approx(t["step_s"], rel=1e-3)
+  # the links' busy time: every transfer's seconds on each, the floor under the step
+  net = sum(v for k, v in t["parts_s"].items() if "over" in k and "NVLink domains" in k)
+  assert set(t["links_busy_s"]) == {"network", "NVLink"} and max(t["links_busy_s"].values()) <= t["step_s"] + 1e-3
+  assert t["links_busy_s"]["NVLink"] > 0 and net == 0.0  # 8 GPUs: one node, nothing over the network
+  assert t["links_busy_s"]["network"] == 0.0
 
 
 def test_the_exchange_is_beside_the_gemms_only_where_the_scheduler_has_memory_for_it():

@@ -2,6 +2,7 @@
 backward, the external frameworks' expert exchange), each against its source worked by hand; the sixteen
 published points; `plan --time --run RUN_DIR` on a real CPU run's moe_load.jsonl, bad input included."""
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from maxtext_moe.config.hardware import GPUS
-from maxtext_moe.steptime import gemm, imbalance, launch
+from maxtext_moe.steptime import gemm, imbalance, launch, links
 from maxtext_moe.steptime import model as st
 from maxtext_moe.steptime.constants import constant
 from maxtext_moe.steptime.latency import collective_latency_s
@@ -245,6 +246,50 @@ def test_collectives_beside_the_compute_take_its_sms_for_their_time():
   # nothing beside the compute, nothing held
   p = st.predict(_workload(flops={"dense": 4e15}, transfers=[ep]), gpu)
   assert "SMs held by collectives beside the compute" not in dict(p.exposed)
+
+
+def test_the_streams_share_the_nic_so_the_step_is_at_least_its_busy_time():
+  """The FSDP stream hidden beside the compute and the exchange hidden beside the GEMMs each fit in the
+  compute, but both leave through the one NIC: the step is at least the NIC's busy time (every transfer's
+  network bytes at its bandwidth), the excess exposed; under it nothing changes."""
+  gpu = GPUS["h100"]
+  net = gpu.network_gbs * 1e9 * constant("network_efficiency")
+  nvlink = gpu.nvlink_gbs * 1e9 * constant("nvlink_efficiency")
+  line = "network busy beyond the rest of the step (every transfer on it at its bandwidth)"
+  kw = {"flops": {"dense": 1e15}, "formats": {"dense": "bf16"}, "exchange_beside": 1.0}
+  compute = st.predict(_workload(**kw), gpu).step_s
+
+  def predict(on_nic: float):  # each stream `on_nic` seconds on the NIC
+    fsdp = st.Transfer("fsdp", "all-gather", on_nic * 2 * net, 2, 2, True)  # (r-1)/g of it
+    ep = st.Transfer("ep", "all-to-all", on_nic * 2 * net, 2, 2, False)  # (r-1)/r of its rows
+    return st.predict(_workload(**kw, transfers=[fsdp, ep]), gpu), fsdp, ep
+
+  p, fsdp, ep = predict(0.75 * compute)
+  assert links.seconds(fsdp, gpu) == {
+    "network": pytest.approx(0.75 * compute),
+    "NVLink": pytest.approx(0.75 * compute * net / nvlink),
+  }
+  assert links.seconds(ep, gpu) == {"network": pytest.approx(0.75 * compute), "NVLink": 0.0}  # one GPU a domain
+  assert dict(p.exposed)["ep"] == 0.0 and "FSDP/gradient collectives beyond the compute" not in dict(p.exposed)
+  assert p.step_s == pytest.approx(1.5 * compute)  # the NIC's time, not the compute's
+  rest = sum(v for k, v in p.parts.items() if "(overlapped)" not in k and k != f"exposed: {line}")
+  assert compute < rest < 1.5 * compute and dict(p.exposed)[line] == pytest.approx(1.5 * compute - rest)
+  assert sum(v for k, v in p.parts.items() if "(overlapped)" not in k) == pytest.approx(p.step_s)
+  # a third of the bytes: the NIC busy half the compute, under the step, which is as before the links
+  p, *_ = predict(0.25 * compute)
+  assert line not in dict(p.exposed) and p.step_s > compute
+  assert p.step_s == pytest.approx(sum(v for k, v in p.parts.items() if "(overlapped)" not in k))
+  # each transfer's time is still the slower of its links
+  assert st.transfer_seconds(fsdp, gpu) == pytest.approx(max(links.seconds(fsdp, gpu).values()))
+  # what `plan --time` prints under the step: the busier link's floor on tokens/s
+  p, *_ = predict(0.75 * compute)
+  text = st.format_prediction(dataclasses.replace(p, workload=dataclasses.replace(p.workload, tokens=3000)))
+  floor = 3000 / p.busy["network"]
+  assert (
+    f"  links busy a step: network {p.busy['network']:.3f} s, NVLink {p.busy['NVLink']:.3f} s (every transfer's "
+    f"bytes at its bandwidth): however well they overlap, at most {floor:,.0f} tokens/s per GPU (network)"
+  ) in text.splitlines()
+  assert links.lines({"network": 0.0, "NVLink": 0.0}, 1) == []
 
 
 def test_attention_backward_runs_at_its_own_efficiency_and_flop_count():

@@ -3,6 +3,7 @@ GPU from the work it does, beside the memory planner (`planner/`), whose saved-a
 it reads.
 
 model.py      Transfer, Workload, Prediction; `predict` adds the parts up, `format_prediction` prints them
+links.py      the NIC and NVLink a transfer crosses, and how long each is busy in a step
 workload.py   the Workload of a resolved MaxText config (FLOPs, formats, collectives, host copies)
 fsdp.py       the parameters' collectives: FSDP gathers, gradient reduce-scatters and all-reduces
 stage_costs.py  pipeline stages: the pipelined layers' GEMMs, the stage sends, the bubble's terms

@@ -26,6 +26,8 @@
                layers' useful time: Megatron's idle stages ((pp - 1) / (vpp x microbatches) of the compute),
                MaxText's bubble iterations, which run every stage's layers, expert exchange included, on
                filler (delay x (S - 1) of its M x R + delay x (S - 1) iterations; `stage_costs.py`)
+  links        the step is at least as long as its NIC and its NVLink are busy: the streams above share
+               them (every transfer's bytes on a link at its bandwidth, `links.py`); the excess is exposed
 
 and prints step time, tokens/s, TFLOP/s per GPU (MaxText's count) and MFU against the bf16 peak, and the
 three largest exposed costs. A `Workload` comes from a resolved MaxText config (`workload`: the
@@ -41,7 +43,7 @@ import math
 from typing import Any
 
 from maxtext_moe.config.hardware import GpuModel
-from maxtext_moe.steptime import gemm, launch, sms, spread
+from maxtext_moe.steptime import gemm, launch, links, sms, spread
 from maxtext_moe.steptime.constants import constant, host_link_gbs
 from maxtext_moe.steptime.latency import collective_latency_s
 
@@ -118,6 +120,7 @@ class Prediction:
   step_s: float
   parts: dict[str, float]  # compute parts and exposed costs, seconds
   exposed: list[tuple[str, float]]  # largest exposed costs first
+  busy: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds each link is busy (`links.py`)
 
   @property
   def tokens_per_s_per_gpu(self) -> float:
@@ -145,29 +148,17 @@ class Prediction:
       "parts_s": {k: round(v, 4) for k, v in self.parts.items()},
       "exposed_s": [[k, round(v, 4)] for k, v in self.exposed[:3]],
       "largest_s": [[k.removeprefix("exposed: "), round(v, 4)] for k, v in self.largest()[:3]],
+      "links_busy_s": {k: round(v, 4) for k, v in self.busy.items()},
       "sources": self.workload.sources,
     }
 
 
 def transfer_seconds(t: Transfer, gpu: GpuModel) -> float:
-  """Time of one step's worth of `t` on `gpu` (see the module docstring)."""
+  """Time of one step's worth of `t` on `gpu`: the slower of the links it crosses (`links.py`), or the host
+  link for a host copy."""
   if t.kind == "host":
     return t.wire_bytes / (host_link_gbs(gpu) * 1e9)
-  nvlink = gpu.nvlink_gbs * 1e9 * constant("nvlink_efficiency")
-  net = gpu.network_gbs * 1e9 * constant("network_efficiency")
-  g, r = max(t.group, 1), max(t.domains, 1)
-  if g == 1:
-    return 0.0
-  if t.kind == "p2p":
-    return t.wire_bytes / (net if r > 1 else nvlink)
-  if t.kind == "all-to-all":
-    local = t.wire_bytes * (g / r - 1) / g / nvlink
-    remote = (t.wire_bytes * (r - 1) / r if t.network_bytes is None else t.network_bytes) / net if r > 1 else 0.0
-    return max(local, remote)
-  passes = 2 if t.kind == "all-reduce" else 1  # a reduce-scatter then an all-gather
-  over_nvlink = passes * t.wire_bytes * (g - 1) / g / nvlink
-  over_net = passes * t.wire_bytes * (r - 1) / g / net if r > 1 else 0.0
-  return max(over_nvlink, over_net)
+  return max(links.seconds(t, gpu).values())
 
 
 def _compute(w: Workload, gpu: GpuModel) -> tuple[dict[str, float], float]:
@@ -267,9 +258,14 @@ def predict(w: Workload, gpu: GpuModel) -> Prediction:
     exchanged = sum(v for k, v in exposed.items() if k in exchange)
     exposed["pipeline bubble"] = pipe.bubble * (compute * pipe.share + exchanged * pipe.exchange_share)
   step = compute + sum(exposed.values())
+  busy = links.busy(w.transfers, gpu)
+  for link, seconds in busy.items():  # the streams share the NIC and NVLink (`links.py`)
+    if seconds > step:
+      exposed[f"{link} busy beyond the rest of the step (every transfer on it at its bandwidth)"] = seconds - step
+      step = seconds
   ranked = sorted(exposed.items(), key=lambda kv: -kv[1])
   parts |= {f"exposed: {k}": v for k, v in ranked}
-  return Prediction(w, gpu, step, parts, ranked)
+  return Prediction(w, gpu, step, parts, ranked, busy)
 
 
 def format_prediction(p: Prediction) -> str:
@@ -287,6 +283,7 @@ def format_prediction(p: Prediction) -> str:
     f"{w.model_tflops:,.0f} TFLOP per step); MFU {p.mfu:.1%} of the {p.gpu.peak_tflops['bf16']:,.0f} bf16 peak",
     "  largest exposed costs: " + ("; ".join(f"{k} {v:.3f} s" for k, v in p.exposed[:3]) or "none"),
   ]
+  lines += links.lines(p.busy, w.tokens)
   lines += [f"  {part}: {src}" for part, src in w.sources.items()]
   lines += spread.lines(p.tokens_per_s_per_gpu, gemm.arch(p.gpu))
   return "\n".join(lines)
