@@ -103,6 +103,30 @@ def test_megatron_bridge_expert_exchange_runs_at_hybrideps_measured_throughput()
   assert constant("ep_kernel_sms") == 16
 
 
+def test_megatrons_expert_group_is_consecutive_gpus_beside_its_tensor_parallelism():
+  """Megatron's expert ranks come from their own generator (tensor-context-expert-data-pipeline from the
+  fastest) with Megatron-Bridge's expert tensor parallelism 1: an EP group is consecutive GPUs whatever the
+  attention's TP, its expert-data peers EP apart; the dense data-parallel peers stay TP apart."""
+  from maxtext_moe.planner.planning import planning
+  from maxtext_moe.steptime.external import Layout, _transfers
+  from maxtext_moe.steptime.points import POINTS
+
+  points = {p.name.split()[0]: p for p in POINTS}
+  nine = points["9"]  # Qwen3-235B on 256 H100s: TP 2, PP 8, EP 32: a stage's 32 GPUs, 4 nodes
+  ctx, cfg = planning(nine.recipe, [*nine.overrides, "per_device_batch_size=32", "max_target_length=4096"], None, None)
+  by_name = {t.name: t for t in _transfers(cfg, ctx.leaves, nine.layout, GPUS["h100"], 4096, 94, 94)}
+  assert by_name["expert dispatch/combine x32"].domains == 4
+  assert by_name["gradient reduce-scatter x16 (fp32)"].domains == 4  # 16 data peers 2 apart: 32 GPUs
+  # expert-data peers EP apart: EP 8 x 4 replicas on 32 H100s (no stages) span the 4 nodes, EP 8 one
+  lay = Layout(32, "h100", ep=8)
+  by_name = {t.name: t for t in _transfers(cfg, ctx.leaves, lay, GPUS["h100"], 4096, 94, 94)}
+  assert by_name["expert dispatch/combine x8"].domains == 1
+  assert by_name["expert gradient reduce-scatter x4 (fp32)"].domains == 4
+  lay = Layout(256, "gb300", pp=2, ep=32)  # 4 expert-data peers 32 apart in a stage of 128: 2 racks of 72
+  by_name = {t.name: t for t in _transfers(cfg, ctx.leaves, lay, GPUS["gb300"], 4096, 94, 94)}
+  assert by_name["expert gradient reduce-scatter x4 (fp32)"].domains == 2
+
+
 def test_b300_is_blackwell_ultra_at_b200s_dense_peaks():
   """HGX B300 (NVIDIA's HGX page): B200's bf16 and FP8 peaks per GPU, 1.5x its dense NVFP4, 288 GB, NVLink
   5 in a board of 8, an 800 Gb/s NIC per GPU; B200's measured GEMM efficiencies (the table's sm_100)."""

@@ -119,7 +119,9 @@ def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layer
   span = lambda group, stride=1: min(group, max(1, -(-group * stride // per_domain)))  # noqa: E731
   experts, k = int(cfg.num_experts), int(cfg.num_experts_per_tok)
   rows = tokens * unique_ranks(experts, k, lay.ep)
-  domains = span(lay.ep, lay.tp)
+  # Megatron's expert ranks: their own generator, tensor-context-expert-data-pipeline from the fastest, at
+  # the expert tensor parallelism 1 Megatron-Bridge's MoE recipes set: an EP group is consecutive GPUs
+  domains = span(lay.ep)
   # DeepEP and HybridEP send a token across the network once per destination NVLink domain and forward it
   # to its ranks there over NVLink (DeepEP's README: NVLink-to-RDMA forwarding).
   remote = tokens * unique_ranks(experts, k, domains) * (domains - 1) / domains * emb * 2 * 4 * moe_layers
@@ -140,8 +142,9 @@ def _transfers(cfg: Any, leaves: list, lay: Layout, gpu: Any, tokens: int, layer
                         dp_span, True))  # fmt: skip
     out.append(Transfer(f"parameter all-gather x{lay.dp} (bf16)", "all-gather", stage_dense * 2, lay.dp, dp_span, True))
   if edp > 1:
+    peers = span(edp, lay.ep)  # expert-data peers EP apart
     out.append(Transfer(f"expert gradient reduce-scatter x{edp} (fp32)", "reduce-scatter", stage_expert * 4, edp,
-                        span(edp, lay.ep * lay.pp), True))  # fmt: skip
+                        peers, True))  # fmt: skip
   if lay.tp > 1:  # sequence parallel: 2 gathers and 2 reduce-scatters per layer, forward and backward
     act = tokens * lay.tp * emb * 2 * layers  # the tp group's tokens through every layer this GPU holds, x pp / pp
     launches = 4 * layers / lay.pp * lay.microbatches
