@@ -156,6 +156,35 @@ CASES = [
     ],
     "moe_dispatch=te_ep does not run inside pipeline stages (2)",
   ),
+  (
+    "pipeline_microbatch_smaller_than_its_split",  # 64 sequences in 32 microbatches of 2, split over EP 4
+    [
+      "train",
+      "ici_pipeline_parallelism=2",
+      "pipeline_parallel_layers=2",
+      "ici_expert_parallelism=4",
+      "num_pipeline_microbatches=32",
+    ],
+    "pipeline stages: 32 microbatches of the step's 64 sequences do not split over a stage's 4 devices on the batch "
+    "(expert=4): each microbatch is 2 sequences; set num_pipeline_microbatches=16",
+  ),
+  (
+    "pipeline_microbatch_split_across_nodes",  # a stage's 16 GPUs (data 2 x EP 8) share 8 sequences a microbatch
+    [
+      "plan",
+      "h100x8/deepseek3-proxy-16b",
+      "--nodes",
+      "4",
+      "ici_expert_parallelism=8",
+      "ici_fsdp_parallelism=1",
+      "dcn_pipeline_parallelism=2",
+      "dcn_data_parallelism=2",
+      "pipeline_parallel_layers=24",
+      "num_pipeline_microbatches=8",
+    ],
+    "8 microbatches of the step's 64 sequences do not split over a stage's 16 devices on the batch (data=2 x "
+    "expert=8): each microbatch is 8 sequences; set num_pipeline_microbatches=4",
+  ),
   # expert parallelism across nodes
   (
     "cross_node_groups_not_on_nodes",  # 3 routing groups of the tiny model's 48 experts on 2 nodes

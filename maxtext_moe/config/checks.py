@@ -9,7 +9,7 @@ from typing import Any
 
 from maxtext_moe.config import checkpointing
 from maxtext_moe.config.quantization import check_dense_quantization
-from maxtext_moe.config.stage_checks import check_pipeline_for_moe
+from maxtext_moe.config.stage_checks import check_microbatch_splits, check_pipeline_for_moe
 from maxtext_moe.moe.layout import (
   DCN,
   ICI,
@@ -271,6 +271,7 @@ ALL_CHECKS = (
   check_gemm_quantization,
   check_block_supports_model,
   check_pipeline_for_moe,
+  check_microbatch_splits,
   check_finetune_has_weights,
   checkpointing.check_kept,
 )

@@ -1,7 +1,10 @@
 """Checks on MaxText's pipeline stages (`checks.ALL_CHECKS` runs `check_pipeline_for_moe`; the resolution
 runs `check_pipeline_divides_layers` where MaxText asserts), one `ValueError` line each, as in `checks`."""
 
+import math
 from typing import Any
+
+from maxtext_moe.moe.layout import mesh_sizes
 
 
 def _stages(cfg: Any) -> int:
@@ -39,6 +42,36 @@ def check_pipeline_for_moe(cfg: Any) -> None:
       "averages the pipelined layers' load-balance loss over the pipeline's iterations, the bubble's included, "
       "not over the step's tokens; set load_balance_loss_weight=0, or train without stages"
     )
+
+
+def check_microbatch_splits(cfg: Any, num_devices: int | None = None) -> None:
+  """MaxText's pipeline splits each microbatch's sequences over a stage's devices on the axes its rule for
+  `activation_batch` names (`stages_in_spec`; `stage` is the stages' own dimension): a microbatch of fewer
+  sequences, or a count that does not divide, is a shard_map error from inside its loop (`_shift_right`),
+  after MaxText's own checks pass (they only ask that the microbatches divide the batch). `num_devices`: the
+  job's (`launch.preflight`), default the recipe's; nothing is checked where neither is known."""
+  stages, micro = _stages(cfg), int(getattr(cfg, "num_pipeline_microbatches", -1))
+  devices = int(getattr(cfg, "recipe_num_devices", -1)) if num_devices is None else num_devices
+  if stages <= 1 or micro <= 0 or devices <= 0:
+    return
+  batch = dict(cfg.logical_axis_rules).get("activation_batch", ())
+  axes = (batch,) if isinstance(batch, str) else tuple(batch)
+  sizes = mesh_sizes(cfg, devices)
+  ways = math.prod(sizes.get(a, 1) for a in axes if a != "stage")
+  sequences = int(cfg.micro_batch_size_to_train_on)  # the step's sequences (per gradient-accumulation step)
+  if sequences % (micro * ways) == 0:
+    return
+  fits = [m for m in range(stages, sequences // ways + 1, stages) if (sequences // ways) % m == 0]
+  split = " x ".join(f"{a}={sizes[a]}" for a in axes if a != "stage" and sizes.get(a, 1) > 1)
+  fix = (
+    f"num_pipeline_microbatches={max(m for m in fits if m <= micro) if any(m <= micro for m in fits) else fits[0]}"
+    if fits and sequences % ways == 0
+    else f"per_device_batch_size so that the {sequences:,} sequences split {micro * ways:,} ways"
+  )
+  raise ValueError(
+    f"pipeline stages: {micro} microbatches of the step's {sequences:,} sequences do not split over a stage's "
+    f"{ways} devices on the batch ({split}): each microbatch is {sequences / micro:g} sequences; set {fix}"
+  )
 
 
 def check_pipeline_divides_layers(cfg: Any) -> None:

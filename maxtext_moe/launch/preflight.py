@@ -90,6 +90,19 @@ def check_layout_divides(cfg: Any, leaves: list, *, num_devices: int) -> None:
   divisibility.check(config.hyperparameters(cfg), leaves, num_devices)
 
 
+def check_microbatches_split(cfg: Any, *, num_devices: int) -> None:
+  """Each pipeline microbatch splits over a stage's devices on the batch (else a shard_map error from inside
+  MaxText's pipeline loop, once compiling has begun): `stage_checks.check_microbatch_splits` at the job's
+  device count, which the config check skips where the recipe does not give it (a CPU run)."""
+  from maxtext_moe.config.stage_checks import check_microbatch_splits  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import config  # pylint: disable=import-outside-toplevel
+
+  try:
+    check_microbatch_splits(config.hyperparameters(cfg), num_devices)
+  except ValueError as e:
+    raise UserError(str(e)) from None
+
+
 def check_checkpoint_matches(cfg: Any, leaves: list) -> None:
   """The checkpoint the run loads holds this model's parameters, read from its metadata before MaxText's
   restore (checkpoint/model_check.py): one line naming the first tensor that differs."""

@@ -25,6 +25,7 @@ from maxtext_moe.launch.preflight import (
   check_checkpoint_matches,
   check_inputs,
   check_layout_divides,
+  check_microbatches_split,
   check_moe_path,
   check_nvlink_domains,
   check_platform,
@@ -230,6 +231,7 @@ def train(
   trainer.validate(cfg)  # MaxText's own assertions (steps > 0, ...), as one line before anything is written
   leaves = model_leaves(cfg)  # traces the model: needs a batch (above)
   check_layout_divides(cfg, leaves, num_devices=jax.device_count())
+  check_microbatches_split(cfg, num_devices=jax.device_count())
   check_checkpoint_matches(cfg, leaves)  # before MaxText's restore, which would find it after the devices
   if check_only:
     return {"recipe": recipe.path.stem, "devices": jax.device_count(), "processes": jax.process_count()}
