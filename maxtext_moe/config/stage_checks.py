@@ -54,7 +54,7 @@ def check_microbatch_splits(cfg: Any, num_devices: int | None = None) -> None:
   devices = int(getattr(cfg, "recipe_num_devices", -1)) if num_devices is None else num_devices
   if stages <= 1 or micro <= 0 or devices <= 0:
     return
-  batch = dict(cfg.logical_axis_rules).get("activation_batch", ())
+  batch = next((axes for name, axes in cfg.logical_axis_rules if name == "activation_batch"), ())  # the first
   axes = (batch,) if isinstance(batch, str) else tuple(batch)
   sizes = mesh_sizes(cfg, devices)
   ways = math.prod(sizes.get(a, 1) for a in axes if a != "stage")
