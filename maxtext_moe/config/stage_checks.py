@@ -58,7 +58,7 @@ def check_microbatch_splits(cfg: Any, num_devices: int | None = None) -> None:
   axes = (batch,) if isinstance(batch, str) else tuple(batch)
   sizes = mesh_sizes(cfg, devices)
   ways = math.prod(sizes.get(a, 1) for a in axes if a != "stage")
-  sequences = int(cfg.micro_batch_size_to_train_on)  # the step's sequences (per gradient-accumulation step)
+  sequences = int(devices * float(cfg.per_device_batch_size))  # MaxText's micro_batch_size_to_train_on there
   if sequences % (micro * ways) == 0:
     return
   fits = [m for m in range(stages, sequences // ways + 1, stages) if (sequences // ways) % m == 0]
