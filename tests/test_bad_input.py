@@ -185,6 +185,32 @@ CASES = [
     "8 microbatches of the step's 64 sequences do not split over a stage's 16 devices on the batch (data=2 x "
     "expert=8): each microbatch is 8 sequences; set num_pipeline_microbatches=4",
   ),
+  (
+    "exchange_chunks_not_dividing_a_devices_tokens",  # the job's 8 devices: train's preflight
+    ["train", "ici_expert_parallelism=2", "moe_exchange_chunks=3"],
+    "moe_exchange_chunks=3 does not divide the 2,048 tokens a device holds in each MoE layer, so the exchange "
+    "would run one chunk with 3x the buffers and nothing beside the GEMMs; set moe_exchange_chunks=2 or 4, or 0",
+  ),
+  (
+    "exchange_chunks_not_dividing_a_microbatch",  # the recipe's 32 GPUs: the config check
+    [
+      "plan",
+      "h100x8/deepseek3-proxy-16b",
+      "--nodes",
+      "4",
+      "ici_expert_parallelism=8",
+      "ici_fsdp_parallelism=1",
+      "dcn_pipeline_parallelism=2",
+      "dcn_data_parallelism=2",
+      "pipeline_parallel_layers=24",
+      "num_pipeline_microbatches=4",
+      "moe_exchange_chunks=6",
+    ],
+    # 64 sequences in 4 microbatches of 16, over a stage's 16 devices: one sequence of 4,096 tokens each
+    "moe_exchange_chunks=6 does not divide the 4,096 tokens a device holds in a pipelined layer's microbatch, so "
+    "the exchange would run one chunk with 6x the buffers and nothing beside the GEMMs; set moe_exchange_chunks=4 "
+    "or 8, or 0",
+  ),
   # expert parallelism across nodes
   (
     "cross_node_groups_not_on_nodes",  # 3 routing groups of the tiny model's 48 experts on 2 nodes

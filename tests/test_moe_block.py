@@ -335,3 +335,44 @@ def test_weights_stored_split_over_fsdp_are_gathered_in_the_block_and_their_grad
   whole = f"f32[{E // 2},{D},{F}]"  # one expert rank's whole kernel
   assert "reduce-scatter(" in hlo and not any("all-reduce(" in ln and whole in ln for ln in hlo.splitlines())
   assert any("all-reduce(" in ln and whole in ln for ln in old.splitlines()), "the replicated intake all-reduced it"
+
+
+def _tp_mesh():
+  return Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "tensor", "expert"))
+
+
+def test_tokens_are_split_first_over_the_axes_they_arrive_split_over():
+  """With tensor parallelism between data and expert in the mesh, tokens that arrive split over (data,
+  expert) and D over tensor (MaxText's activations) are split by the block over (data, expert, tensor) with
+  `token_order`: entering it is a slice of what each device holds, one all-to-all over tensor; in the mesh's
+  order (data, tensor, expert) it is a permutation across the batch's devices besides. The outputs and
+  gradients are the same either way."""
+  from maxtext_moe.moe.block import _token_axes  # pylint: disable=import-outside-toplevel
+
+  mesh = _tp_mesh()
+  assert _token_axes(mesh, T, (), ("data", "fsdp", "expert")) == ("data", "expert", "tensor")
+  assert _token_axes(mesh, T, ("data",), ("data", "expert")) == ("expert", "tensor")
+  assert _token_axes(mesh, T) == ("data", "tensor", "expert")
+  x, ids, weights = _tokens()
+  w = _weights()
+  arrive = jax.sharding.NamedSharding(mesh, P(("data", "expert"), "tensor"))
+  x = jax.device_put(x, arrive)
+  settings = MoESettings(dispatch=DispatchKind.ALL_TO_ALL, window_sizes=(2, 8))
+
+  def step(order):
+    block = functools.partial(moe_block, mesh=mesh, expert_axis="expert", settings=settings, token_order=order)
+
+    def loss(x, *w):
+      y = jax.lax.with_sharding_constraint(block(x, ids, weights, *w)[0], arrive)
+      return jnp.sum(y * jnp.cos(jnp.arange(D)))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+
+  got, want = step(("data", "expert"))(x, *w), step(())(x, *w)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(a, b, **TOL)
+  permutes = {
+    order: step(order).lower(x, *w).compile().as_text().count("collective-permute(")
+    for order in (("data", "expert"), ())
+  }
+  assert permutes[("data", "expert")] == 0 < permutes[()], permutes

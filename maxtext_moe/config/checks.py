@@ -8,6 +8,7 @@ the plugin's pydantic config class (see `upstream.resolution`), after MaxText's 
 from typing import Any
 
 from maxtext_moe.config import checkpointing
+from maxtext_moe.config.chunk_checks import check_exchange_chunks
 from maxtext_moe.config.quantization import check_dense_quantization
 from maxtext_moe.config.stage_checks import check_microbatch_splits, check_pipeline_for_moe
 from maxtext_moe.moe.layout import (
@@ -272,6 +273,7 @@ ALL_CHECKS = (
   check_block_supports_model,
   check_pipeline_for_moe,
   check_microbatch_splits,
+  check_exchange_chunks,
   check_finetune_has_weights,
   checkpointing.check_kept,
 )

@@ -143,8 +143,9 @@ class PluginKeys(BaseModel):
     0,
     ge=0,
     description="The bounded exchange's tokens in this many chunks, each with its own rounds, so that one "
-    "chunk's dispatch and combine run beside another's expert GEMMs (XLA's latency-hiding scheduler). 0: "
-    "auto, 4 where expert parallelism spans nodes, else 1.",
+    "chunk's dispatch and combine run beside another's expert GEMMs (XLA's latency-hiding scheduler). It must "
+    "divide the tokens a device holds in each MoE layer (checked). 0: auto, 4 where expert parallelism spans "
+    "nodes, else 1 (where 4 does not divide them, one chunk).",
   )
   moe_fp8_gather: bool = Field(
     True,

@@ -93,12 +93,15 @@ def check_layout_divides(cfg: Any, leaves: list, *, num_devices: int) -> None:
 def check_microbatches_split(cfg: Any, *, num_devices: int) -> None:
   """Each pipeline microbatch splits over a stage's devices on the batch (else a shard_map error from inside
   MaxText's pipeline loop, once compiling has begun): `stage_checks.check_microbatch_splits` at the job's
-  device count, which the config check skips where the recipe does not give it (a CPU run)."""
+  device count, which the config check skips where the recipe does not give it (a CPU run); and the
+  exchange's chunks divide a device's tokens (`chunk_checks.check_exchange_chunks`), likewise."""
+  from maxtext_moe.config.chunk_checks import check_exchange_chunks  # pylint: disable=import-outside-toplevel
   from maxtext_moe.config.stage_checks import check_microbatch_splits  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.maxtext import config  # pylint: disable=import-outside-toplevel
 
   try:
     check_microbatch_splits(config.hyperparameters(cfg), num_devices)
+    check_exchange_chunks(config.hyperparameters(cfg), num_devices)
   except ValueError as e:
     raise UserError(str(e)) from None
 

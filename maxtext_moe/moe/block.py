@@ -82,9 +82,13 @@ def expert_load(ids_TK: jax.Array, *, num_experts: int) -> jax.Array:
   return jnp.bincount(ids_TK.reshape(-1), length=num_experts).astype(jnp.float32)
 
 
-def _token_axes(mesh: Mesh, num_tokens: int, vmapped: tuple[str, ...] = ()) -> tuple[str, ...]:
-  """Mesh axes of size > 1, over which tokens are split evenly (less those a surrounding vmap maps)."""
-  token_axes = tuple(a for a in mesh.axis_names if mesh.shape[a] > 1 and a not in vmapped)
+def _token_axes(
+  mesh: Mesh, num_tokens: int, vmapped: tuple[str, ...] = (), first: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+  """Mesh axes of size > 1, over which tokens are split evenly (less those a surrounding vmap maps): those
+  in `first` in its order, then the others in the mesh's."""
+  split = [a for a in mesh.axis_names if mesh.shape[a] > 1 and a not in vmapped]
+  token_axes = tuple(a for a in dict.fromkeys(first) if a in split) + tuple(a for a in split if a not in first)
   n_shards = math.prod(mesh.shape[a] for a in token_axes)
   if num_tokens % n_shards:
     raise ValueError(f"MoE block: {num_tokens} tokens do not split evenly over {n_shards} devices")
@@ -116,6 +120,7 @@ def moe_block(
   settings: MoESettings,
   vmapped_axes: tuple[str, ...] = (),
   weight_specs: tuple[P, P, P] | None = None,
+  token_order: tuple[str, ...] = (),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Runs the routed experts on every device of `mesh`. Returns (y_TD, stats) with stats summed over
   devices: the dispatcher's (`stats.DispatchStats`) and `load`, the [E] assignments per expert.
@@ -128,10 +133,14 @@ def moe_block(
   (XLA:GPU's program of the 671B at EP 16 x FSDP 8 x data 2 did that, 75 GiB per step and GPU). `vmapped_axes`:
   mesh axes a surrounding `vmap` maps its batch onto (`spmd_axis_name`: MaxText's pipeline runs one stage
   per slice of `stage`); each slice's tokens are split over the other axes, and shard_map maps the vmapped
-  dimension onto these itself.
+  dimension onto these itself. `token_order`: the mesh axes the tokens arrive split over, major first (the
+  activations' batch and length axes); the block splits them over those first and the rest (tensor
+  parallelism's) within, so that entering it is a slice of what each device holds. In the mesh's order a
+  tensor axis between data and expert made XLA:GPU reshard the shared experts' input gradient, beside the
+  block's, through the whole batch on every device (a MaxText layout of stages x data x TP x EP).
   """
   num_experts = w0_EDF.shape[0]
-  token_axes = _token_axes(mesh, x_TD.shape[0], vmapped_axes)
+  token_axes = _token_axes(mesh, x_TD.shape[0], vmapped_axes, token_order)
   spec = DispatchSpec(
     _resolved(settings, top_k=ids_TK.shape[1], ep=mesh.shape[expert_axis] if expert_axis else 1),
     num_experts,

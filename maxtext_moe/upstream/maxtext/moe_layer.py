@@ -28,6 +28,9 @@ from maxtext_moe.upstream.patches import Patch, original
 from maxtext_moe.upstream.pipeline import moe_stages as pipeline
 from maxtext_moe.upstream.te import calls as te
 
+# The logical axes of the [batch, length, embed] activations MaxText's decoder layers hand the MoE layer.
+ACTIVATIONS = ("activation_batch", "activation_norm_length", "activation_embed")
+
 
 def mesh_axis_sizes(cfg: Any) -> dict[str, int]:
   """MaxText's mesh for this config, as {axis: size}."""
@@ -147,6 +150,13 @@ def _stored_specs(layer: Any) -> tuple:
   return tuple(layer._logical_to_mesh_axes(a) for a in axes)  # pylint: disable=protected-access
 
 
+def _token_order(layer: Any) -> tuple[str, ...]:
+  """The mesh axes the layer's [batch, length] tokens arrive split over, major first (MaxText's activation
+  rules in effect), which the block splits its tokens over first."""
+  spec = layer._logical_to_mesh_axes(ACTIVATIONS[:2])  # pylint: disable=protected-access
+  return tuple(a for entry in (spec or ()) for a in ((entry,) if isinstance(entry, str) else entry or ()))
+
+
 def dropless_sparse_matmul(
   self,
   inputs,
@@ -179,6 +189,10 @@ def dropless_sparse_matmul(
   weights_TK, ids_TK = self.get_topk(
     gate_logits, pre_bias_logits, self.rngs, input_ids=input_ids, forced_routed_experts=forced_routed_experts
   )
+  # The tokens enter and leave split as the layer's activations are (and so do their gradients): left free,
+  # XLA:GPU took the block's split for the gradient beside the shared experts' and, with tensor parallelism
+  # under stages x data, made the shared experts' input gradient through the whole batch (docs/moe-block.md).
+  inputs = self._maybe_shard_with_logical(inputs, ACTIVATIONS)  # pylint: disable=protected-access
   b, s, d = inputs.shape
   k = ids_TK.shape[-1]
   ep = self.mesh.shape.get(mesh_axes.EXPERT, 1)
@@ -196,12 +210,13 @@ def dropless_sparse_matmul(
     settings=settings_from_config(self.config),
     vmapped_axes=pipeline.vmapped_axes(self.config),
     weight_specs=_stored_specs(self),
+    token_order=_token_order(self),
   )
   stats[BIAS] = _bias_magnitude(self)
   for name, value in stats.items():
     self.sow(nnx.Intermediate, INTERMEDIATE_PREFIX + name, value)
   lb_loss = _load_balance_loss(self, gate_logits, pre_bias_logits, ids_TK)
-  return y_TD.reshape(b, s, d), lb_loss, updates
+  return self._maybe_shard_with_logical(y_TD.reshape(b, s, d), ACTIVATIONS), lb_loss, updates  # pylint: disable=protected-access
 
 
 def routed_moe_init(self, config, *args, **kwargs):
