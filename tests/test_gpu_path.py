@@ -207,3 +207,18 @@ def test_te_ep_matches_all_to_all_across_processes(tmp_path):
     result = json.loads((tmp_path / f"{i}.json").read_text())
     assert result["max_abs_diff_out"] < 5e-2 and result["max_abs_diff_grad"] < 5e-2, result
     assert result["dropped"] == 0 and result["load_equal"], result
+
+
+def test_under_pipeline_stages_auto_is_never_tes_grouped_gemm(monkeypatch):
+  """TE 2.20's grouped GEMM cannot be vmapped over MaxText's pipeline stages (its primitives' batching
+  rules fail at trace time): where TE imports, `auto` picks it without stages and tokamax with them."""
+  import types  # pylint: disable=import-outside-toplevel
+
+  from maxtext_moe.upstream.maxtext import moe_layer  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(moe_layer, "detect_platform", lambda: GPU_TE)
+  monkeypatch.setattr(moe_layer, "dispatch_for", lambda cfg, **_: DispatchKind.ALL_TO_ALL)
+  cfg = types.SimpleNamespace(moe_gemm_backend="auto", recipe_num_devices=16, using_pipeline_parallelism=False)
+  assert moe_layer.resolved_kinds(cfg) == (DispatchKind.ALL_TO_ALL, GemmBackend.TE)
+  cfg.using_pipeline_parallelism = True
+  assert moe_layer.resolved_kinds(cfg) == (DispatchKind.ALL_TO_ALL, GemmBackend.TOKAMAX)

@@ -10,7 +10,11 @@ from typing import Any
 from maxtext_moe.config import checkpointing
 from maxtext_moe.config.chunk_checks import check_exchange_chunks
 from maxtext_moe.config.quantization import check_dense_quantization
-from maxtext_moe.config.stage_checks import check_microbatch_splits, check_pipeline_for_moe
+from maxtext_moe.config.stage_checks import (
+  check_microbatch_splits,
+  check_pipeline_for_moe,
+  check_pipeline_quantization,
+)
 from maxtext_moe.moe.layout import (
   DCN,
   ICI,
@@ -272,6 +276,7 @@ ALL_CHECKS = (
   check_gemm_quantization,
   check_block_supports_model,
   check_pipeline_for_moe,
+  check_pipeline_quantization,
   check_microbatch_splits,
   check_exchange_chunks,
   check_finetune_has_weights,

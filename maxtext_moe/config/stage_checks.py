@@ -4,6 +4,7 @@ runs `check_pipeline_divides_layers` where MaxText asserts), one `ValueError` li
 import math
 from typing import Any
 
+from maxtext_moe.config.quantization import quantization_name
 from maxtext_moe.moe.layout import mesh_sizes
 
 
@@ -30,6 +31,13 @@ def check_pipeline_for_moe(cfg: Any) -> None:
       f"moe_dispatch=te_ep does not run inside pipeline stages ({stages}): TE's NCCL EP is not vmapped over "
       "the stages; use moe_dispatch=auto (all_to_all under stages)"
     )
+  if str(cfg.moe_gemm_backend) == "te" or str(cfg.moe_gemm_quantization) != "none":
+    raise ValueError(
+      f"moe_gemm_backend={cfg.moe_gemm_backend} moe_gemm_quantization={cfg.moe_gemm_quantization} does not run "
+      f"inside pipeline stages ({stages}): Transformer Engine's grouped GEMM and quantize cannot be vmapped over "
+      "the stages (their batching rules fail as the step is traced); use moe_gemm_backend=auto (tokamax under "
+      "stages) and moe_gemm_quantization=none"
+    )
   if getattr(cfg, "pipeline_fsdp_ag_per_repeat", False):
     raise ValueError(
       "pipeline_fsdp_ag_per_repeat=true with MoE layers: MaxText's prefetching pipeline keeps only the layer "
@@ -41,6 +49,23 @@ def check_pipeline_for_moe(cfg: Any) -> None:
       f"pipeline stages ({stages}) with load_balance_loss_weight={cfg.load_balance_loss_weight}: MaxText "
       "averages the pipelined layers' load-balance loss over the pipeline's iterations, the bubble's included, "
       "not over the step's tokens; set load_balance_loss_weight=0, or train without stages"
+    )
+
+
+# Transformer Engine 2.20's quantize primitives cannot be vmapped: current scaling's amax has no batching
+# rule, and the quantize's drops an argument it then binds with (a TypeError at trace time, before any
+# compile). MaxText's pipeline vmaps each stage's layers over the stages, TE's dense projections with them.
+TE_QUANTIZED_DENSE = ("te_fp8_currentscaling", "te_fp8_delayedscaling", "te_mxfp8", "te_nvfp4", "te_nvfp4_no_rht")
+
+
+def check_pipeline_quantization(cfg: Any) -> None:
+  """A `quantization` whose dense GEMMs are TE's quantized ones does not trace under pipeline stages."""
+  stages, name = _stages(cfg), quantization_name(cfg)
+  if stages > 1 and name in TE_QUANTIZED_DENSE:
+    raise ValueError(
+      f"quantization={name} does not run inside pipeline stages ({stages}): Transformer Engine's quantize "
+      "cannot be vmapped over the stages (its batching rules fail as the step is traced); set "
+      "quantization=fp8 (Flax's FP8, XLA's GEMM), or train without stages"
     )
 
 

@@ -42,9 +42,13 @@ def _num_devices(cfg: Any) -> int:
 
 
 def resolved_kinds(cfg: Any) -> tuple[DispatchKind, GemmBackend]:
-  """What `auto` becomes for this config on this platform."""
+  """What `auto` becomes for this config on this platform: under pipeline stages never TE's grouped GEMM,
+  which cannot be vmapped over them (`config.stage_checks.check_pipeline_for_moe` refuses it named)."""
   dispatch = dispatch_for(cfg, num_devices=_num_devices(cfg), platform=detect_platform())
-  return dispatch, resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
+  backend = resolve_backend(cfg.moe_gemm_backend, platform=detect_platform())
+  if backend == GemmBackend.TE and getattr(cfg, "using_pipeline_parallelism", False):
+    backend = GemmBackend.TOKAMAX
+  return dispatch, backend
 
 
 def settings_from_config(cfg: Any) -> MoESettings:
