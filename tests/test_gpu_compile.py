@@ -476,6 +476,8 @@ def test_under_pipeline_stages_attention_stands_in_as_dot_product():
   assert any(line.startswith("attention=cudnn_flash_te under pipeline stages") for line in said), said
   # the container's auto dispatch under stages is all_to_all at its own buffers, not te_ep's stand-in
   assert not any(e.startswith(("moe_dispatch=", "moe_buffers=")) for e in extra), extra
+  # and its auto grouped GEMM tokamax: TE's cannot be vmapped over the stages
+  assert "moe_gemm_backend=tokamax" in substitutions(r, te_available=True)[0]
   extra, _ = substitutions(
     resolution.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False
   )

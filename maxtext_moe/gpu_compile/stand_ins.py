@@ -23,8 +23,9 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
   quantized = str(keys.plugin.moe_gemm_quantization)
   if keys.maxtext["te_moe_block"]:  # MaxText's TE block, not ours (substituted below)
     gemm = dispatch = "maxtext"
-  if te_available and gemm == "auto":
-    extra.append("moe_gemm_backend=te")
+  stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
+  if te_available and gemm == "auto":  # under stages the container's auto is tokamax (TE's is not vmapped)
+    extra.append("moe_gemm_backend=te" if stages <= 1 else "moe_gemm_backend=tokamax")
   if not te_available and gemm in ("auto", "te"):
     extra.append("moe_gemm_backend=tokamax")
     said.append(
@@ -35,7 +36,6 @@ def substitutions(recipe: Any, *, te_available: bool) -> tuple[list[str], list[s
     if quantized != "none":
       extra.append("moe_gemm_quantization=none")
       said.append(f"moe_gemm_quantization={quantized} is TE's grouped GEMM: tokamax's is compiled in bf16")
-  stages = int(keys.maxtext["ici_pipeline_parallelism"]) * int(keys.maxtext["dcn_pipeline_parallelism"])
   # Under pipeline stages the container's `auto` is all_to_all too (TE's NCCL EP is not vmapped over them),
   # and so is a dropless te_ep across nodes (`moe.settings.resolve_dispatch`: the two-level rounds)
   across = int(keys.maxtext["dcn_expert_parallelism"]) > 1 and float(keys.plugin.moe_capacity_factor) <= 0
