@@ -8,6 +8,7 @@ with the counts that do; the automatic count (0) keeps the fallback, which the p
 import math
 from typing import Any
 
+from maxtext_moe.config.stage_checks import pipeline_stages
 from maxtext_moe.moe.layout import expert_parallelism, mesh_sizes
 
 
@@ -16,14 +17,16 @@ def block_tokens(cfg: Any, num_devices: int) -> dict[str, int]:
   every mesh axis of size > 1 but a surrounding vmap's (the pipeline's `stage`, inside it). A pipelined
   layer sees one microbatch per stage; the MoE layers outside the pipeline (the multi-token prediction
   layer among them) the step's whole batch, split over the stages like data."""
-  from maxtext_moe.planner import stages  # pylint: disable=import-outside-toplevel
-
   sequences = int(num_devices * float(cfg.per_device_batch_size))
-  seq, pipe = int(cfg.max_target_length), stages.Stages.of(cfg)
-  if pipe is None:
+  seq, stages = int(cfg.max_target_length), pipeline_stages(cfg)
+  if stages <= 1:
     return {"each MoE layer": sequences * seq // num_devices}
-  out = {"a pipelined layer's microbatch": sequences // pipe.microbatches * seq * pipe.stages // num_devices}
-  if stages.outside_layer_counts(cfg, pipe)[1] > 0:
+  micro = int(cfg.num_pipeline_microbatches)
+  out = {"a pipelined layer's microbatch": sequences // micro * seq * stages // num_devices}
+  block = str(getattr(cfg.decoder_block, "value", cfg.decoder_block))
+  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if block == "deepseek" else 0
+  moe_layers = int(cfg.num_decoder_layers) - dense + int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  if moe_layers > int(cfg.pipeline_parallel_layers):  # as MaxText resolved it: the pipelined MoE layers
     out["the MoE layers outside the pipeline"] = sequences * seq // num_devices
   return out
 

@@ -8,7 +8,7 @@ from maxtext_moe.config.quantization import quantization_name
 from maxtext_moe.moe.layout import mesh_sizes
 
 
-def _stages(cfg: Any) -> int:
+def pipeline_stages(cfg: Any) -> int:
   return int(getattr(cfg, "ici_pipeline_parallelism", 1)) * int(getattr(cfg, "dcn_pipeline_parallelism", 1))
 
 
@@ -16,7 +16,7 @@ def check_pipeline_for_moe(cfg: Any) -> None:
   """MaxText's pipeline stages with MoE layers run through the seam (upstream/pipeline/moe_stages.py: the routing bias
   among a stage's weights, the expert loads folded from the pipeline's iterations, repeats included, one
   bias update per step) with our block, for any decoder; what it does not run is refused here."""
-  stages = _stages(cfg)
+  stages = pipeline_stages(cfg)
   if stages <= 1 or int(cfg.num_experts) <= 1:
     return
   if str(cfg.moe_impl) != "dropless":
@@ -60,7 +60,7 @@ TE_QUANTIZED_DENSE = ("te_fp8_currentscaling", "te_fp8_delayedscaling", "te_mxfp
 
 def check_pipeline_quantization(cfg: Any) -> None:
   """A `quantization` whose dense GEMMs are TE's quantized ones does not trace under pipeline stages."""
-  stages, name = _stages(cfg), quantization_name(cfg)
+  stages, name = pipeline_stages(cfg), quantization_name(cfg)
   if stages > 1 and name in TE_QUANTIZED_DENSE:
     raise ValueError(
       f"quantization={name} does not run inside pipeline stages ({stages}): Transformer Engine's quantize "
@@ -75,7 +75,7 @@ def check_microbatch_splits(cfg: Any, num_devices: int | None = None) -> None:
   sequences, or a count that does not divide, is a shard_map error from inside its loop (`_shift_right`),
   after MaxText's own checks pass (they only ask that the microbatches divide the batch). `num_devices`: the
   job's (`launch.preflight`), default the recipe's; nothing is checked where neither is known."""
-  stages, micro = _stages(cfg), int(getattr(cfg, "num_pipeline_microbatches", -1))
+  stages, micro = pipeline_stages(cfg), int(getattr(cfg, "num_pipeline_microbatches", -1))
   devices = int(getattr(cfg, "recipe_num_devices", -1)) if num_devices is None else num_devices
   if stages <= 1 or micro <= 0 or devices <= 0:
     return
@@ -103,7 +103,7 @@ def check_pipeline_divides_layers(cfg: Any) -> None:
   """The pipelined layers (pipeline_parallel_layers, resolved) split into stages x layers per stage x
   repeats. MaxText asserts it while it derives the repeats; called there (`upstream.resolution`) to say what
   to set, on a config whose later keys are not derived yet."""
-  stages, lps = _stages(cfg), int(cfg.num_layers_per_pipeline_stage)
+  stages, lps = pipeline_stages(cfg), int(cfg.num_layers_per_pipeline_stage)
   pipelined, repeats = int(cfg.pipeline_parallel_layers), int(cfg.num_pipeline_repeats)
   if (
     stages <= 1

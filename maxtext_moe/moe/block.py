@@ -133,11 +133,7 @@ def moe_block(
   (XLA:GPU's program of the 671B at EP 16 x FSDP 8 x data 2 did that, 75 GiB per step and GPU). `vmapped_axes`:
   mesh axes a surrounding `vmap` maps its batch onto (`spmd_axis_name`: MaxText's pipeline runs one stage
   per slice of `stage`); each slice's tokens are split over the other axes, and shard_map maps the vmapped
-  dimension onto these itself. `token_order`: the mesh axes the tokens arrive split over, major first (the
-  activations' batch and length axes); the block splits them over those first and the rest (tensor
-  parallelism's) within, so that entering it is a slice of what each device holds. In the mesh's order a
-  tensor axis between data and expert made XLA:GPU reshard the shared experts' input gradient, beside the
-  block's, through the whole batch on every device (a MaxText layout of stages x data x TP x EP).
+  dimension onto these itself. `token_order`: the axes tokens arrive split over, split first (docs/moe-block.md).
   """
   num_experts = w0_EDF.shape[0]
   token_axes = _token_axes(mesh, x_TD.shape[0], vmapped_axes, token_order)
