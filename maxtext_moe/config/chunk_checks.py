@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from maxtext_moe.config.stage_checks import pipeline_stages
-from maxtext_moe.moe.layout import expert_parallelism, mesh_sizes
+from maxtext_moe.moe.layout import expert_parallelism, layer_counts, mesh_sizes
 
 
 def block_tokens(cfg: Any, num_devices: int) -> dict[str, int]:
@@ -23,10 +23,7 @@ def block_tokens(cfg: Any, num_devices: int) -> dict[str, int]:
     return {"each MoE layer": sequences * seq // num_devices}
   micro = int(cfg.num_pipeline_microbatches)
   out = {"a pipelined layer's microbatch": sequences // micro * seq * stages // num_devices}
-  block = str(getattr(cfg.decoder_block, "value", cfg.decoder_block))
-  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if block == "deepseek" else 0
-  moe_layers = int(cfg.num_decoder_layers) - dense + int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  if moe_layers > int(cfg.pipeline_parallel_layers):  # as MaxText resolved it: the pipelined MoE layers
+  if layer_counts(cfg)[1] > int(cfg.pipeline_parallel_layers):  # as MaxText resolved it: the pipelined ones
     out["the MoE layers outside the pipeline"] = sequences * seq // num_devices
   return out
 

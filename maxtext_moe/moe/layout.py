@@ -144,3 +144,15 @@ def check_tensor_parallelism(cfg: Any) -> None:
       f"impossible layout: tensor parallelism {tp} (ici/dcn_tensor x tensor_sequence) does not divide {bad[0]}; "
       + (f"use ici_tensor_parallelism={fits[-1]}" if fits else "use ici_tensor_parallelism=1")
     )
+
+
+def layer_counts(cfg: Any) -> tuple[int, int]:
+  """(dense layers, MoE layers) of the model, each multi-token-prediction layer a MoE one: a DeepSeek
+  decoder's `first_num_dense_layers` are dense, every other decoder's layers MoE ones in a MoE model."""
+  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
+  layers = int(cfg.num_decoder_layers)
+  if int(cfg.num_experts) <= 1:
+    return layers + mtp, 0
+  block = str(getattr(cfg.decoder_block, "value", cfg.decoder_block) or "")
+  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if block == "deepseek" else 0
+  return dense, layers - dense + mtp

@@ -4,6 +4,8 @@ each tensor MaxText names that a layer's backward needs, where the config puts i
 
 from typing import Any
 
+from maxtext_moe.moe.layout import layer_counts
+
 
 def value_of(x: Any) -> str:
   """A config value as YAML spells it (MaxText's str-mixin enums print their class name)."""
@@ -88,16 +90,6 @@ def gated_pair_kept(cfg: Any) -> bool:
   """Whether the remat policy keeps the experts' gated pair (`moe_mlpwi_0/1`) on the device or the host."""
   kept = ("device", "offload")
   return value_of(cfg.remat_policy) == "custom" and value_of(getattr(cfg, "moe_mlpwi_0", "remat")) in kept
-
-
-def layer_counts(cfg: Any) -> tuple[int, int]:
-  """(dense layers, MoE layers) of the model, each multi-token-prediction layer a MoE one."""
-  mtp = int(getattr(cfg, "mtp_num_layers", 0) or 0)
-  layers = int(cfg.num_decoder_layers)
-  if int(cfg.num_experts) <= 1:
-    return layers + mtp, 0
-  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if value_of(cfg.decoder_block) == "deepseek" else 0
-  return dense, layers - dense + mtp
 
 
 def total(

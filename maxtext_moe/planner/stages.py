@@ -53,8 +53,9 @@ those programs, where they are small beside the weights.
 import dataclasses
 from typing import Any
 
+from maxtext_moe.moe.layout import layer_counts
 from maxtext_moe.planner import layer_phase
-from maxtext_moe.planner.saved_activations import layer_counts, per_layer, value_of
+from maxtext_moe.planner.saved_activations import per_layer, value_of
 from maxtext_moe.planner.shards import shard_elements
 
 # The scanned stack (in the parameter tree traced without stages) the pipeline takes its layers from.

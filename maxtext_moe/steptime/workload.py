@@ -40,7 +40,7 @@ from typing import Any
 
 from maxtext_moe.config.quantization import number_format
 from maxtext_moe.moe.buffers import received_rows
-from maxtext_moe.moe.layout import mesh_sides
+from maxtext_moe.moe.layout import layer_counts, mesh_sides
 from maxtext_moe.moe.levels import expected_nodes
 from maxtext_moe.moe.settings import DispatchKind
 from maxtext_moe.planner import saved_activations
@@ -99,7 +99,7 @@ class _Step:
 
 def _step(cfg: Any, num_devices: int, dispatch: str) -> _Step:
   rows = int(float(cfg.per_device_batch_size) * int(cfg.max_target_length))
-  dense_layers, moe_layers = saved_activations.layer_counts(cfg)
+  dense_layers, moe_layers = layer_counts(cfg)
   layers = dense_layers + moe_layers
   full = str(cfg.remat_policy) == "full"
   # The experts' forward runs again in the backward when the policy keeps none of its own outputs: always
