@@ -20,6 +20,18 @@ FIXTURE = REPO / "tests" / "fixtures" / "hf_deepseek3_tiny" / "bf16"
 H200 = "h200x8/deepseek3-proxy-16b"
 FT = "cpu/deepseek3-tiny-finetune"
 SFT = ["train", "cpu/deepseek3-tiny-sft", "finetune=false"]
+# the 16B proxy on 4 H100 nodes in two pipeline stages, a stage's 16 GPUs data 2 x EP 8, 64 sequences a step
+STAGED_PROXY = [
+  "plan",
+  "h100x8/deepseek3-proxy-16b",
+  "--nodes",
+  "4",
+  "ici_expert_parallelism=8",
+  "ici_fsdp_parallelism=1",
+  "dcn_pipeline_parallelism=2",
+  "dcn_data_parallelism=2",
+  "pipeline_parallel_layers=24",
+]
 SLURM_BAD = {
   "SLURM_JOB_ID": "7",
   "SLURM_STEP_NODELIST": "n1",
@@ -170,36 +182,13 @@ CASES = [
   ),
   (
     "pipeline_microbatch_split_across_nodes",  # a stage's 16 GPUs (data 2 x EP 8) share 8 sequences a microbatch
-    [
-      "plan",
-      "h100x8/deepseek3-proxy-16b",
-      "--nodes",
-      "4",
-      "ici_expert_parallelism=8",
-      "ici_fsdp_parallelism=1",
-      "dcn_pipeline_parallelism=2",
-      "dcn_data_parallelism=2",
-      "pipeline_parallel_layers=24",
-      "num_pipeline_microbatches=8",
-    ],
+    [*STAGED_PROXY, "num_pipeline_microbatches=8"],
     "8 microbatches of the step's 64 sequences do not split over a stage's 16 devices on the batch (data=2 x "
     "expert=8): each microbatch is 8 sequences; set num_pipeline_microbatches=4",
   ),
   (
     "pipeline_with_te_quantized_dense",  # TE 2.20's quantize has no working vmap rule
-    [
-      "plan",
-      "h100x8/deepseek3-proxy-16b",
-      "--nodes",
-      "4",
-      "ici_expert_parallelism=8",
-      "ici_fsdp_parallelism=1",
-      "dcn_pipeline_parallelism=2",
-      "dcn_data_parallelism=2",
-      "pipeline_parallel_layers=24",
-      "num_pipeline_microbatches=4",
-      "quantization=te_fp8_delayedscaling",
-    ],
+    [*STAGED_PROXY, "num_pipeline_microbatches=4", "quantization=te_fp8_delayedscaling"],
     "quantization=te_fp8_delayedscaling does not run inside pipeline stages (2): Transformer Engine's quantize "
     "cannot be vmapped over the stages",
   ),
@@ -217,19 +206,7 @@ CASES = [
   ),
   (
     "exchange_chunks_not_dividing_a_microbatch",  # the recipe's 32 GPUs: the config check
-    [
-      "plan",
-      "h100x8/deepseek3-proxy-16b",
-      "--nodes",
-      "4",
-      "ici_expert_parallelism=8",
-      "ici_fsdp_parallelism=1",
-      "dcn_pipeline_parallelism=2",
-      "dcn_data_parallelism=2",
-      "pipeline_parallel_layers=24",
-      "num_pipeline_microbatches=4",
-      "moe_exchange_chunks=6",
-    ],
+    [*STAGED_PROXY, "num_pipeline_microbatches=4", "moe_exchange_chunks=6"],
     # 64 sequences in 4 microbatches of 16, over a stage's 16 devices: one sequence of 4,096 tokens each
     "moe_exchange_chunks=6 does not divide the 4,096 tokens a device holds in a pipelined layer's microbatch, so "
     "the exchange would run one chunk with 6x the buffers and nothing beside the GEMMs; set moe_exchange_chunks=4 "
