@@ -462,45 +462,129 @@ def test_what_needs_transformer_engine_is_substituted_and_said(recipe, want):
     assert len(said_te) == 1 and said_te[0].startswith("attention=cudnn_flash_te"), said_te
 
 
-def test_under_pipeline_stages_attention_stands_in_as_dot_product():
+def test_under_pipeline_stages_attention_stands_in_with_the_value_padded():
   """JAX's cuDNN attention (the stand-in for TE's) has no batching rule for MLA's value head (128) beside its
-  query head (192): under the stages' vmap the compile stands in dot_product, and says so. TE's NCCL EP does
-  not run under stages, so its stand-in (all_to_all at worst-case buffers) is not made there."""
-  from maxtext_moe.gpu_compile.stand_ins import substitutions
+  query head (192): under the stages' vmap the compile stands in the same attention with the value padded
+  (`upstream.maxtext.attention_stand_in`), and says so. TE's NCCL EP does not run under stages, so its
+  stand-in (all_to_all at worst-case buffers) is not made there."""
+  from maxtext_moe.gpu_compile.stand_ins import pads_value, substitutions
   from maxtext_moe.upstream import resolution
 
   stages = ["ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2"]
   r = resolution.read("h100x8/deepseek3-proxy-16b", stages, keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
-  assert "attention=dot_product" in extra and "attention=cudnn_flash_jax" not in extra
+  assert "attention=cudnn_flash_jax" in extra and "attention=dot_product" not in extra
+  assert pads_value(said)
   assert any(line.startswith("attention=cudnn_flash_te under pipeline stages") for line in said), said
   # the container's auto dispatch under stages is all_to_all at its own buffers, not te_ep's stand-in
   assert not any(e.startswith(("moe_dispatch=", "moe_buffers=")) for e in extra), extra
   # and its auto grouped GEMM tokamax: TE's cannot be vmapped over the stages
   assert "moe_gemm_backend=tokamax" in substitutions(r, te_available=True)[0]
-  extra, _ = substitutions(
+  extra, said = substitutions(
     resolution.read("h100x8/deepseek3-proxy-16b", [], keep_process_flags=False), te_available=False
   )
-  assert "attention=cudnn_flash_jax" in extra
+  assert "attention=cudnn_flash_jax" in extra and not pads_value(said)
   assert "moe_dispatch=all_to_all" in extra and "moe_buffers=worst_case" in extra, extra
 
 
-def test_under_pipeline_stages_a_model_without_mla_keeps_cudnn_attention():
+def test_under_pipeline_stages_a_model_without_mla_keeps_cudnn_attention_as_it_is():
   """Qwen3-MoE's and Mixtral's value heads equal their query's, so JAX's cuDNN attention vmaps over the stages:
-  once the model is resolved the dot_product stand-in (MLA's only) goes back to cudnn_flash_jax, said so."""
+  once the model is resolved nothing is padded, and the words say the plain stand-in."""
   from types import SimpleNamespace
 
-  from maxtext_moe.gpu_compile.stand_ins import staged_attention, substitutions
+  from maxtext_moe.gpu_compile.stand_ins import pads_value, staged_attention, substitutions
   from maxtext_moe.upstream import resolution
 
   r = resolution.read("gh200x4/qwen3-30b-a3b", [], keep_process_flags=False)
   extra, said = substitutions(r, te_available=False)
-  assert "attention=dot_product" in extra  # before the model is known
-  assert staged_attention(SimpleNamespace(attention_type="mla"), extra, said) is None
-  swapped, words = staged_attention(SimpleNamespace(attention_type="global"), extra, said)
-  assert "attention=cudnn_flash_jax" in swapped and "attention=dot_product" not in swapped
+  assert "attention=cudnn_flash_jax" in extra and pads_value(said)  # before the model is known
+  assert staged_attention(SimpleNamespace(attention_type="mla"), said) == said
+  words = staged_attention(SimpleNamespace(attention_type="global"), said)
+  assert not pads_value(words) and len(words) == len(said)
   assert [w for w in words if w.startswith("attention=")][0].startswith("attention=cudnn_flash_te is TE's cuDNN")
-  assert len(swapped) == len(extra) and len(words) == len(said)
+
+
+def test_the_padded_value_gives_the_unpadded_attention(monkeypatch):
+  """The stand-in's claim, on the CPU: attention with MLA's value (128) padded with zeros to the query's head
+  (192), its output sliced back, is the attention of the value as it was, forward and gradients. The
+  attention under the stand-in is a plain causal softmax here (cuDNN's needs a GPU to run)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from maxtext_moe.upstream.maxtext import attention_stand_in
+
+  def causal(q, k, v):
+    s = jnp.einsum("btnh,bsnh->bnts", q, k)
+    s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v)
+
+  seen = []
+
+  def attend(self, q, k, v, segments, mode):
+    seen.append(v.shape[-1])
+    return causal(q, k, v), jnp.zeros(q.shape[:-1])
+
+  monkeypatch.setattr(attention_stand_in, "original", lambda owner, name: attend)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 4, d)) for i, d in enumerate((192, 192, 128)))
+
+  def padded(q, k, v):
+    return attention_stand_in.value_padded_cudnn_attention(None, q, k, v, None)[0]
+
+  np.testing.assert_allclose(padded(q, k, v), causal(q, k, v), rtol=1e-6, atol=1e-6)
+  loss = lambda f: jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)  # noqa: E731
+  for got, want in zip(loss(padded), loss(causal), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert seen[0] == 192  # the callee saw the padded value
+
+
+@needs_plugin
+def test_cudnn_attention_with_mlas_heads_vmaps_over_stages_once_the_value_is_padded():
+  """MaxText's `cudnn_flash_jax` with MLA's heads, vmapped over a stage axis as MaxText's pipeline vmaps a
+  stage's layers: refused while traced as it is, compiled by XLA:GPU to cuDNN's fused attention (no L x L
+  scores among its temporaries) with the value padded (`attention_stand_in`)."""
+  code = """
+import os; os.environ["JAX_PLATFORMS"] = "cpu"
+import re, types
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from maxtext.layers import attention_op
+from maxtext_moe.config import hardware
+from maxtext_moe.upstream.jax_backend import cudnn_attention_for_target
+from maxtext_moe.upstream.maxtext import attention_stand_in
+from maxtext_moe.upstream.maxtext.compile import gpu_topology
+from maxtext_moe.upstream.patches import installed
+devices = gpu_topology(hardware.target_config(hardware.GPUS["h100"]), partitions=1, hosts_per_partition=2,
+                       devices_per_host=1)
+mesh = Mesh(np.array(devices).reshape(2), ("stage",))
+op = types.SimpleNamespace(dropout_rate=0.0)  # all MaxText's method reads of its layer
+S, B, L, N = 2, 2, 4096, 16
+def step():  # a new function each time: JAX caches a traced function's lowering
+  def attend(q, k, v):
+    return attention_op.AttentionOp.cudnn_jax_flash_attention(op, q, k, v, None)[0]
+  loss = lambda q, k, v: jax.vmap(attend)(q, k, v).astype(jnp.float32).sum()
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+shard = NamedSharding(mesh, P("stage"))
+qk = jax.ShapeDtypeStruct((S, B, L, N, 192), jnp.bfloat16, sharding=shard)
+v = jax.ShapeDtypeStruct((S, B, L, N, 128), jnp.bfloat16, sharding=shard)
+with cudnn_attention_for_target((9, 0), hardware.CUDNN):
+  try:
+    step().lower(qk, qk, v)
+    refused = "no"
+  except Exception as e:
+    refused = type(e).__name__
+  with installed(attention_stand_in.patches()):
+    compiled = step().lower(qk, qk, v).compile()
+targets = sorted(set(re.findall(r'custom_call_target="(__cudnn[^"]+)"', compiled.as_text())))
+print(refused, ",".join(targets), compiled.memory_analysis().temp_size_in_bytes)
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=False)
+  assert r.returncode == 0, r.stderr[-3000:]
+  refused, targets, temp = r.stdout.strip().splitlines()[-1].split()
+  assert refused == "TypeError"  # "cannot reshape array of shape (..., 128) ... into shape (..., 192)"
+  assert targets == "__cudnn$fmhaSoftmax,__cudnn$fmhaSoftmaxBackward"
+  scores = 2 * 16 * 4096 * 4096 * 2  # one GPU's [2, 16, 4096, 4096] bf16 scores, which flash attention never holds
+  assert 0 < int(temp) < scores / 4, temp
 
 
 def test_an_xla_internal_error_is_one_line_and_its_whole_text_is_kept(tmp_path):

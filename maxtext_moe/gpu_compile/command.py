@@ -22,7 +22,7 @@ from typing import Any
 from maxtext_moe.config import flags, hardware
 from maxtext_moe.errors import EXIT_COMPILER, RunEnded, UserError
 from maxtext_moe.gpu_compile import nccl_ep
-from maxtext_moe.gpu_compile.stand_ins import staged_attention, substitutions, te_ep_written_out
+from maxtext_moe.gpu_compile.stand_ins import pads_value, staged_attention, substitutions, te_ep_written_out
 
 PLUGIN = "jax_plugins.xla_cuda12"
 
@@ -115,11 +115,15 @@ def _resolve(
 
 
 @contextlib.contextmanager
-def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[str, int]]) -> Iterator[None]:
+def _for_target(
+  target: Target, *, te_available: bool, handles: dict[int, dict[str, int]], pad_value: bool = False
+) -> Iterator[None]:
   """What the step asks the device while it is traced, answered for the target: cuDNN's attention checks,
   and where TE imports its compute capability and its NCCL EP group (the handle answered, by top-k, in
-  `handles`)."""
+  `handles`); with `pad_value`, MLA's value head padded for cuDNN's attention under stages."""
   from maxtext_moe.upstream import jax_backend  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.maxtext import attention_stand_in  # pylint: disable=import-outside-toplevel
+  from maxtext_moe.upstream.patches import installed  # pylint: disable=import-outside-toplevel
   from maxtext_moe.upstream.te import compile_target as te_target  # pylint: disable=import-outside-toplevel
 
   major, minor = target.gpu.compute_capability
@@ -143,6 +147,8 @@ def _for_target(target: Target, *, te_available: bool, handles: dict[int, dict[s
       stack.enter_context(te_target.for_target(major * 10 + minor))
       stack.enter_context(te_target.ep_for_target(handle_size))
     stack.enter_context(jax_backend.cudnn_attention_for_target((major, minor), hardware.CUDNN))
+    if pad_value:  # MLA under stages (`stand_ins.STAGED_MLA`)
+      stack.enter_context(installed(attention_stand_in.patches()))
     yield
 
 
@@ -166,8 +172,7 @@ def compile_recipe(
   extra, said = substitutions(first, te_available=te_available)
   dump_to = hlo_dir / "xla" if hlo_dir else None
   recipe, cfg = _resolve(name, overrides, target, extra, dump_to)
-  if swapped := staged_attention(cfg, extra, said):  # stages without MLA: JAX's cuDNN attention vmaps
-    (extra, said), (recipe, cfg) = swapped, _resolve(name, overrides, target, swapped[0], dump_to)
+  said = staged_attention(cfg, said)  # stages without MLA: JAX's cuDNN attention vmaps as it is
   if te_available and (written := te_ep_written_out(cfg, target.devices)):  # `auto` as the container resolves it
     recipe, cfg = _resolve(name, overrides, target, [*extra, *written], dump_to)
   # The planner's figures first (it plans `auto` as the container resolves it): they also refuse, in one
@@ -188,7 +193,7 @@ def compile_recipe(
   lower_on = upstream_compile.lowering_mesh(mesh) if upstream_compile.holds_state_on_host(cfg) else None
   start, handles = time.monotonic(), {}
   try:
-    with _for_target(target, te_available=te_available, handles=handles):
+    with _for_target(target, te_available=te_available, handles=handles, pad_value=pads_value(said)):
       compiled = upstream_compile.compile_train_step(cfg, mesh=mesh, lower_on=lower_on)
   except Exception as e:  # pylint: disable=broad-except  # jax.errors.JaxRuntimeError, raised by XLA itself
     _compiler_failed(e, hlo_dir)

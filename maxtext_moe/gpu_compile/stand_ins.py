@@ -3,7 +3,7 @@ said: every stand-in of the deviceless compile, each with its reason (docs/gpu-p
 Engine imports (`.venv-te`) its grouped GEMM, dense FP8 GEMMs and NCCL EP are compiled as themselves (TE
 answered for the target by `upstream.te_target`); elsewhere tokamax, MaxText's fp8 and all_to_all stand in.
 TE's cuDNN attention never compiles here (it builds cuDNN graphs on a device while tracing): JAX's cuDNN
-attention stands in.
+attention stands in (under pipeline stages with MLA's value head padded, `upstream.maxtext.attention_stand_in`).
 """
 
 from typing import Any
@@ -57,22 +57,27 @@ CUDNN_JAX = (
   "through XLA's own custom call (its workspace, which cuDNN sizes on a device, is not counted)",
 )
 STAGED_MLA = (
-  "attention=dot_product",
+  "attention=cudnn_flash_jax",
   "attention=cudnn_flash_te under pipeline stages with MLA: JAX's cuDNN attention (the stand-in without TE) "
   "cannot be vmapped over the stages when the value head differs from the query's (its batching rule "
-  "reshapes the value by the key's shape); compiled with dot_product, whose scores (B x H x L x L) the "
-  "planner counts too: more than cuDNN's flash attention keeps, so the program here is an upper bound",
+  "reshapes the value by the key's shape); compiled with cudnn_flash_jax with the value head padded with zeros "
+  "to the query's and the output sliced back (the same result; 1.5x the value's and output's bytes inside "
+  "the call)",
 )
 
 
-def staged_attention(cfg: Any, extra: list[str], said: list[str]) -> tuple[list[str], list[str]] | None:
-  """The stand-in for TE's attention under stages once the model is known: dot_product only where MLA's
+def pads_value(said: list[str]) -> bool:
+  """Whether the compile stands in `STAGED_MLA` (`upstream.maxtext.attention_stand_in` then pads the value)."""
+  return STAGED_MLA[1] in said
+
+
+def staged_attention(cfg: Any, said: list[str]) -> list[str]:
+  """What is said of TE's attention under stages once the model is known: the value padded only where MLA's
   value head differs from the query's (DeepSeek); Qwen3-MoE's and Mixtral's equal heads vmap in JAX's cuDNN
-  attention, as without stages. None where the first choice stands."""
-  if STAGED_MLA[0] not in extra or str(cfg.attention_type) == "mla":
-    return None
-  swap = {STAGED_MLA[0]: CUDNN_JAX[0], STAGED_MLA[1]: CUDNN_JAX[1]}
-  return [swap.get(e, e) for e in extra], [swap.get(s, s) for s in said]
+  attention as they are, as without stages."""
+  if str(cfg.attention_type) == "mla":
+    return said
+  return [CUDNN_JAX[1] if s == STAGED_MLA[1] else s for s in said]
 
 
 def _te_ep_substitution(recipe: Any, dispatch: str) -> tuple[list[str], list[str]]:
