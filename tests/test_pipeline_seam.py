@@ -47,6 +47,36 @@ def test_slots_follow_maxtexts_schedule(stages, micro, repeats, delay):
   assert counts[-1] == slots.size - micro * repeats * stages  # the bubble
 
 
+@pytest.mark.parametrize("stages,micro,repeats,delay", [*SCHEDULES, (8, 64, 7, 1)])
+def test_the_outputs_are_put_back_in_order_by_a_rotation_whose_backward_scatters_nothing(stages, micro, repeats, delay):
+  """MaxText's pipeline puts its outputs back in microbatch order with a gather by a permutation; ours is the
+  rotation that permutation is (MaxText's own `realign_output_microbatches`): the same values, and a backward
+  with no scatter-add (which XLA:GPU ran on the whole output buffer, all-reduced over the stages)."""
+  from maxtext_moe.upstream.patches import original
+
+  base = mt_pipeline.PipelineBase
+  fake = types.SimpleNamespace(
+    forwarding_delay=delay,
+    num_stages=stages,
+    microbatches_per_stage=micro // stages,
+    state_io_logical=None,
+    config=types.SimpleNamespace(num_pipeline_microbatches=micro, num_pipeline_repeats=repeats),
+    _maybe_shard_with_logical=lambda x, _axes: x,
+  )
+  for name in ("iterations_to_complete_first_microbatch", "iterations_to_complete_first_microbatch_one_repeat"):
+    setattr(fake, name, types.MethodType(getattr(base, name), fake))
+  fake.realign_output_microbatches = types.MethodType(base.realign_output_microbatches, fake)
+  gather = original(base, "permute_output_micro_per_stage_dim")
+  out = jnp.arange(stages * (micro // stages) * 3, dtype=jnp.float32).reshape(stages, micro // stages, 3)
+  np.testing.assert_array_equal(pipeline.realigned_output(fake, out), gather(fake, out))
+
+  def backward(f):
+    return str(jax.make_jaxpr(lambda x, g: jax.vjp(lambda y: f(fake, y), x)[1](g))(out, out))
+
+  assert "scatter-add" not in backward(pipeline.realigned_output)
+  assert micro == stages or "scatter-add" in backward(gather)  # one microbatch per stage: nothing to permute
+
+
 def test_fold_sums_real_iterations_and_drops_the_bubble():
   s = pipeline.Schedule(2, 2, 1, 1)  # T=3: stage 1 idles at t=0, stage 0 at t=2
   rec = jnp.arange(3 * 2 * 4, dtype=jnp.int32).reshape(3, 2, 4)
