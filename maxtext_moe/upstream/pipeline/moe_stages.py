@@ -17,6 +17,8 @@ must not count. `fold` sums (or takes the largest of) the real iterations per (r
 pipelined layers' values for the whole step, in layer order. The bias update is then taken once from
 the step's counts, as without stages, for the pipelined layers and those outside the pipeline together
 (`fold_aux`, `find_gate_bias`: MaxText's train step updates one bias variable, the one it finds first).
+The pipeline's outputs are put back in microbatch order by a rotation, not MaxText's gather
+(`realigned_output`).
 """
 
 import re
