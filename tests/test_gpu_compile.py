@@ -538,6 +538,7 @@ def test_the_padded_value_gives_the_unpadded_attention(monkeypatch):
   assert seen[0] == 192  # the callee saw the padded value
 
 
+@pytest.mark.ci  # a second cuDNN attention compile: the README's suite keeps the unstaged one, under 10 minutes
 @needs_plugin
 def test_cudnn_attention_with_mlas_heads_vmaps_over_stages_once_the_value_is_padded():
   """MaxText's `cudnn_flash_jax` with MLA's heads, vmapped over a stage axis as MaxText's pipeline vmaps a
