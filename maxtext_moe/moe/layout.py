@@ -146,6 +146,11 @@ def check_tensor_parallelism(cfg: Any) -> None:
     )
 
 
+def value_of(x: Any) -> str:
+  """A config value as YAML spells it (MaxText's str-mixin enums print their class name)."""
+  return str(getattr(x, "value", x) or "")
+
+
 def layer_counts(cfg: Any) -> tuple[int, int]:
   """(dense layers, MoE layers) of the model, each multi-token-prediction layer a MoE one: a DeepSeek
   decoder's `first_num_dense_layers` are dense, every other decoder's layers MoE ones in a MoE model."""
@@ -153,6 +158,5 @@ def layer_counts(cfg: Any) -> tuple[int, int]:
   layers = int(cfg.num_decoder_layers)
   if int(cfg.num_experts) <= 1:
     return layers + mtp, 0
-  block = str(getattr(cfg.decoder_block, "value", cfg.decoder_block) or "")
-  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if block == "deepseek" else 0
+  dense = int(getattr(cfg, "first_num_dense_layers", 0) or 0) if value_of(cfg.decoder_block) == "deepseek" else 0
   return dense, layers - dense + mtp

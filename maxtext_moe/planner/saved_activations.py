@@ -4,12 +4,7 @@ each tensor MaxText names that a layer's backward needs, where the config puts i
 
 from typing import Any
 
-from maxtext_moe.moe.layout import layer_counts
-
-
-def value_of(x: Any) -> str:
-  """A config value as YAML spells it (MaxText's str-mixin enums print their class name)."""
-  return str(getattr(x, "value", x) or "")
+from maxtext_moe.moe.layout import layer_counts, value_of
 
 
 def _named_activations(cfg: Any, tokens: int, rows: int, *, dense: bool) -> dict[str, int]:
